@@ -1,0 +1,92 @@
+"""The plugin's flags, in one place: every ``--rfa-*`` option with its default and help text.
+
+Both model families read them: the translation model adds them to its argparse parser, the
+language model inherits them into its dataclass config (so hydra configs see them too).
+"""
+from dataclasses import dataclass, field, fields
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+
+from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
+from .ops.causal_rfa import DEFAULT_CHUNK_SIZE
+
+
+@dataclass
+class RFAConfig(FairseqDataclass):
+    rfa_causal_feature_dim: int = field(
+        default=64,
+        metadata={"help": "number of random features D for causal (self) attention; phi has 2D values "
+                          "with the gaussian kernel"},
+    )
+    rfa_cross_feature_dim: int = field(
+        default=128, metadata={"help": "number of random features D for cross (encoder-decoder) attention"}
+    )
+    rfa_kernel: ChoiceEnum(list(KERNELS)) = field(
+        default="gaussian",
+        metadata={"help": "kernel approximated by the random features: gaussian (sin/cos random Fourier "
+                          "features) or arccos (order-1 arc-cosine, ReLU features)"},
+    )
+    rfa_random_matrix: ChoiceEnum(list(RANDOM_MATRICES)) = field(
+        default="orthogonal",
+        metadata={"help": "distribution of the random projection rows: i.i.d. gaussian, or orthogonal "
+                          "blocks with chi-distributed norms (lower variance)"},
+    )
+    rfa_gate: bool = field(
+        default=False, metadata={"help": "RFA-Gate: a learned recency gate on causal attention"}
+    )
+    rfa_init_sigma: float = field(
+        default=1.0,
+        metadata={"help": "initial value of the learned per-head, per-dimension scale sigma of the random "
+                          "matrix (the inverse kernel width; attention logits ~ sigma^2 q.k on unit q, k)"},
+    )
+    rfa_eps: float = field(
+        default=DEFAULT_EPS,
+        metadata={"help": "lower clamp of the RFA denominator phi(q).z (computed in fp32)"},
+    )
+    rfa_chunk_size: int = field(
+        default=DEFAULT_CHUNK_SIZE,
+        metadata={"help": "chunk length of the chunked parallel form of causal RFA used in training"},
+    )
+
+
+RFA_FIELDS = tuple(f.name for f in fields(RFAConfig) if f.name.startswith("rfa_"))
+_DEFAULTS = RFAConfig()
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def fill_rfa_defaults(args):
+    """Architecture helper: set every missing ``rfa_*`` attribute to its default."""
+    for name in RFA_FIELDS:
+        if getattr(args, name, None) is None:
+            setattr(args, name, getattr(_DEFAULTS, name))
+
+
+def rfa_config_from(args) -> RFAConfig:
+    """Read and validate the ``rfa_*`` options from a namespace, dataclass or DictConfig.
+
+    Raises ValueError naming the offending flag."""
+    values = {}
+    for name in RFA_FIELDS:
+        value = getattr(args, name, None)
+        values[name] = getattr(_DEFAULTS, name) if value is None else value
+    for name in ("rfa_causal_feature_dim", "rfa_cross_feature_dim", "rfa_chunk_size"):
+        v = values[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{flag(name)} must be a positive integer, got {v!r}")
+    for name in ("rfa_init_sigma", "rfa_eps"):
+        v = values[name]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0 or v != v or v == float("inf"):
+            raise ValueError(f"{flag(name)} must be a positive finite number, got {v!r}")
+    values["rfa_kernel"] = str(values["rfa_kernel"])
+    values["rfa_random_matrix"] = str(values["rfa_random_matrix"])
+    if values["rfa_kernel"] not in KERNELS:
+        raise ValueError(f"--rfa-kernel must be one of {', '.join(KERNELS)}, got {values['rfa_kernel']!r}")
+    if values["rfa_random_matrix"] not in RANDOM_MATRICES:
+        raise ValueError(
+            f"--rfa-random-matrix must be one of {', '.join(RANDOM_MATRICES)}, got {values['rfa_random_matrix']!r}"
+        )
+    values["rfa_gate"] = bool(values["rfa_gate"])
+    return RFAConfig(**values)

@@ -1,0 +1,108 @@
+"""The RFA decoder shared by both model families: fairseq's TransformerDecoder with RFA layers.
+
+Only the builders are overridden (``build_decoder_layer``, ``build_self_attention``,
+``build_encoder_attention``); fairseq's forward passes, embeddings, output projections and
+incremental-decoding protocol are used as they are. Layout: Time x Batch x Channel inside layers.
+"""
+import torch
+from fairseq.distributed import fsdp_wrap
+from fairseq.models.transformer import TransformerDecoderBase
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
+
+from ..config import RFAConfig
+from ..modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap
+
+# Bump when the RFA part of the state dict changes; upgrade_state_dict_named converts old ones.
+RFA_CHECKPOINT_VERSION = 1
+
+
+class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
+    """A fairseq decoder layer whose self-attention (and cross attention) is RFA."""
+
+    def __init__(self, cfg, rfa: RFAConfig, layer_idx: int, no_encoder_attn: bool = False,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False):
+        # The attention builders run inside the parent constructor and need these.
+        self.rfa, self.layer_idx = rfa, layer_idx
+        super().__init__(cfg, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
+        # Implicit RFA attention weights cost O(source length) per step: compute them only for
+        # the layer fairseq asks to align with (need_attn), not for every layer at inference.
+        self.need_attn = False
+
+    def _feature_map(self, cfg, num_features: int, module_id: int) -> RandomFeatureMap:
+        heads = cfg.decoder.attention_heads
+        return RandomFeatureMap(
+            num_heads=heads,
+            head_dim=cfg.decoder.embed_dim // heads,
+            num_features=num_features,
+            kernel=self.rfa.rfa_kernel,
+            random_matrix=self.rfa.rfa_random_matrix,
+            init_sigma=self.rfa.rfa_init_sigma,
+            module_id=module_id,
+        )
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
+            raise ValueError("RFA self-attention supports neither add_bias_kv, add_zero_attn nor "
+                             "--cross-self-attention")
+        return CausalRFAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            self._feature_map(cfg, self.rfa.rfa_causal_feature_dim, module_id=2 * self.layer_idx),
+            gate=self.rfa.rfa_gate,
+            eps=self.rfa.rfa_eps,
+            chunk_size=self.rfa.rfa_chunk_size,
+        )
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return CrossRFAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            self._feature_map(cfg, self.rfa.rfa_cross_feature_dim, module_id=2 * self.layer_idx + 1),
+            kdim=cfg.encoder.embed_dim,
+            eps=self.rfa.rfa_eps,
+        )
+
+
+class RFATransformerDecoder(TransformerDecoderBase):
+    """fairseq's transformer decoder with :class:`RFATransformerDecoderLayer` layers.
+
+    Args: as ``TransformerDecoderBase`` (a ``TransformerConfig``), plus the :class:`RFAConfig`.
+    """
+
+    def __init__(self, cfg, dictionary, embed_tokens, rfa: RFAConfig, no_encoder_attn=False,
+                 output_projection=None):
+        self.rfa = rfa
+        self._layers_built = 0
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+        self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        layer = RFATransformerDecoderLayer(cfg, self.rfa, self._layers_built, no_encoder_attn)
+        self._layers_built += 1
+        # Same wrapping as fairseq's own decoder layers.
+        checkpoint = cfg.checkpoint_activations
+        if checkpoint:
+            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        state_dict = super().upgrade_state_dict_named(state_dict, name)
+        prefix = f"{name}." if name else ""
+        version_key = prefix + "rfa_version"
+        if version_key not in state_dict:
+            softmax_key = prefix + "layers.0.self_attn.k_proj.weight"
+            rfa_key = prefix + "layers.0.self_attn.feature_map.sigma"
+            if softmax_key in state_dict and rfa_key not in state_dict:
+                raise RuntimeError(
+                    "this checkpoint holds a softmax-attention decoder; an RFA architecture cannot "
+                    "load it without an explicit conversion (its attention has no random features)"
+                )
+            state_dict[version_key] = torch.tensor([RFA_CHECKPOINT_VERSION])
+        elif int(state_dict[version_key][0]) > RFA_CHECKPOINT_VERSION:
+            raise RuntimeError(
+                f"checkpoint RFA format version {int(state_dict[version_key][0])} is newer than this "
+                f"rfa_fairseq ({RFA_CHECKPOINT_VERSION}); upgrade rfa_fairseq"
+            )
+        return state_dict

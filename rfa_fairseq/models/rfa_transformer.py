@@ -1,0 +1,78 @@
+"""Translation: model ``rfa_transformer`` and its architectures.
+
+fairseq's TransformerModel with a softmax encoder and an RFA decoder (causal RFA or RFA-Gate
+self-attention, RFA cross attention), as in the paper's machine translation experiments.
+"""
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer.transformer_legacy import (
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_vaswani_wmt_en_de_big,
+    transformer_vaswani_wmt_en_fr_big,
+    transformer_wmt_en_de,
+)
+
+from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
+from .rfa_decoder import RFATransformerDecoder
+
+
+def check_heads(embed_dim: int, heads: int, embed_flag: str, heads_flag: str):
+    if heads < 1 or embed_dim % heads != 0:
+        raise ValueError(f"{embed_flag} ({embed_dim}) must be divisible by {heads_flag} ({heads})")
+
+
+@register_model("rfa_transformer")
+class RFATransformerModel(TransformerModel):
+    """Transformer with Random Feature Attention in the decoder (softmax encoder)."""
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        gen_parser_from_dataclass(parser, RFAConfig(), delete_default=True)
+
+    @classmethod
+    def build_model(cls, args, task):
+        rfa_base_architecture(args)
+        rfa_config_from(args)  # validate the --rfa-* flags before building anything
+        check_heads(args.decoder_embed_dim, args.decoder_attention_heads,
+                    "--decoder-embed-dim", "--decoder-attention-heads")
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        # fairseq's TransformerConfig.from_namespace keeps unknown (rfa_*) attributes.
+        return RFATransformerDecoder(
+            cfg, tgt_dict, embed_tokens, rfa=rfa_config_from(cfg), no_encoder_attn=cfg.no_cross_attention
+        )
+
+
+@register_model_architecture("rfa_transformer", "rfa_transformer")
+def rfa_base_architecture(args):
+    fill_rfa_defaults(args)
+    base_architecture(args)
+
+
+@register_model_architecture("rfa_transformer", "rfa_transformer_iwslt_de_en")
+def rfa_transformer_iwslt_de_en(args):
+    transformer_iwslt_de_en(args)
+    rfa_base_architecture(args)
+
+
+@register_model_architecture("rfa_transformer", "rfa_transformer_wmt_en_de")
+def rfa_transformer_wmt_en_de(args):
+    transformer_wmt_en_de(args)
+    rfa_base_architecture(args)
+
+
+@register_model_architecture("rfa_transformer", "rfa_transformer_vaswani_wmt_en_de_big")
+def rfa_transformer_vaswani_wmt_en_de_big(args):
+    transformer_vaswani_wmt_en_de_big(args)
+    rfa_base_architecture(args)
+
+
+@register_model_architecture("rfa_transformer", "rfa_transformer_vaswani_wmt_en_fr_big")
+def rfa_transformer_vaswani_wmt_en_fr_big(args):
+    transformer_vaswani_wmt_en_fr_big(args)
+    rfa_base_architecture(args)

@@ -1,0 +1,100 @@
+"""Language modelling: model ``rfa_transformer_lm`` and its architectures.
+
+fairseq's TransformerLanguageModel with RFA (or RFA-Gate) in every self-attention layer.
+"""
+from dataclasses import dataclass
+
+from fairseq import options
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig
+from fairseq.models.transformer_lm import (
+    DEFAULT_MAX_TARGET_POSITIONS,
+    TransformerLanguageModel,
+    TransformerLanguageModelConfig,
+    base_lm_architecture,
+    transformer_lm_baevski_wiki103,
+)
+from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
+from fairseq.utils import safe_getattr
+
+from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
+from .rfa_decoder import RFATransformerDecoder
+from .rfa_transformer import check_heads
+
+
+@dataclass
+class RFATransformerLanguageModelConfig(TransformerLanguageModelConfig, RFAConfig):
+    pass
+
+
+@register_model("rfa_transformer_lm", dataclass=RFATransformerLanguageModelConfig)
+class RFATransformerLanguageModel(TransformerLanguageModel):
+    """Decoder-only transformer LM whose self-attention is causal RFA / RFA-Gate."""
+
+    @classmethod
+    def build_model(cls, args, task):
+        rfa = rfa_config_from(args)  # validate the --rfa-* flags before building anything
+        check_heads(args.decoder_embed_dim, args.decoder_attention_heads,
+                    "--decoder-embed-dim", "--decoder-attention-heads")
+        if args.decoder_layers_to_keep:
+            args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
+        if safe_getattr(args, "max_target_positions", None) is None:
+            args.max_target_positions = safe_getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
+        decoder = RFATransformerDecoder(
+            TransformerConfig.from_namespace(args), task.target_dictionary, cls.build_lm_input_embedding(args, task),
+            rfa=rfa, no_encoder_attn=True,
+        )
+        return cls(decoder)
+
+    @classmethod
+    def build_lm_input_embedding(cls, args, task):
+        """The input embedding exactly as fairseq's TransformerLanguageModel builds it."""
+        if args.character_embeddings:
+            return CharacterTokenEmbedder(
+                task.source_dictionary, eval(args.character_filters), args.character_embedding_dim,
+                args.decoder_embed_dim, args.char_embedder_highway_layers,
+            )
+        if args.adaptive_input:
+            embed = AdaptiveInput(
+                len(task.source_dictionary), task.source_dictionary.pad(), args.decoder_input_dim,
+                args.adaptive_input_factor, args.decoder_embed_dim,
+                options.eval_str_list(args.adaptive_input_cutoff, type=int),
+                args.quant_noise_pq, args.quant_noise_pq_block_size,
+            )
+        else:
+            embed = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
+        if args.tie_adaptive_weights:
+            if not args.adaptive_input:
+                raise ValueError("--tie-adaptive-weights requires --adaptive-input")
+            if args.adaptive_input_factor != args.adaptive_softmax_factor:
+                raise ValueError("--tie-adaptive-weights requires --adaptive-input-factor == --adaptive-softmax-factor")
+            if args.adaptive_softmax_cutoff != args.adaptive_input_cutoff:
+                raise ValueError("--tie-adaptive-weights requires --adaptive-softmax-cutoff == --adaptive-input-cutoff")
+            if args.decoder_input_dim != args.decoder_output_dim:
+                raise ValueError("--tie-adaptive-weights requires --decoder-input-dim == --decoder-output-dim")
+        return embed
+
+
+# The architecture named ``rfa_transformer_lm`` is registered by register_model itself and takes
+# its defaults from the dataclass; this helper serves the named architectures below.
+def rfa_lm_base_architecture(args):
+    fill_rfa_defaults(args)
+    base_lm_architecture(args)
+
+
+@register_model_architecture("rfa_transformer_lm", "rfa_transformer_lm_wiki103")
+def rfa_transformer_lm_wiki103(args):
+    """Baevski and Auli's adaptive-input WikiText-103 model (16 layers, 1024 dims, 16 heads)."""
+    transformer_lm_baevski_wiki103(args)
+    rfa_lm_base_architecture(args)
+
+
+@register_model_architecture("rfa_transformer_lm", "rfa_transformer_lm_wiki103_small")
+def rfa_transformer_lm_wiki103_small(args):
+    """A small WikiText-103 setting (ours): the wiki103 recipe (adaptive input and softmax with
+    cutoffs 20000,60000, tied weights, dropout 0.3) at 6 layers, 512 dims, 8 heads, FFN 2048."""
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 6)
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 512)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 2048)
+    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 8)
+    rfa_transformer_lm_wiki103(args)

@@ -1,0 +1,147 @@
+"""CausalRFAttention: RFA / RFA-Gate self-attention for decoders and language models.
+
+Drop-in for fairseq's MultiheadAttention in a decoder layer's ``self_attn`` slot (same call
+signature). Layout: Time x Batch x Channel in and out. Causality is structural (the recurrence
+only looks back), so the decoder's future mask adds nothing and is only checked for shape.
+During incremental decoding the state per layer is just ``(S [B, H, F, K], z [B, H, F])`` in
+fp32: its size does not depend on how many tokens have been decoded.
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.incremental_decoding_utils import with_incremental_state
+from torch import Tensor, nn
+
+from ..ops import chunk_causal_rfa, recurrent_causal_rfa_step
+from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE
+from ..ops.denominator import DEFAULT_EPS
+from .heads import merge_heads, split_heads
+from .random_feature_map import RandomFeatureMap
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+def init_projection(linear: nn.Linear, gain: float = 1.0):
+    nn.init.xavier_uniform_(linear.weight, gain=gain)
+    if linear.bias is not None:
+        nn.init.zeros_(linear.bias)
+
+
+@with_incremental_state
+class CausalRFAttention(nn.Module):
+    """Causal random feature attention, optionally gated (RFA-Gate).
+
+    Args:
+        embed_dim: model dimension ``C``; num_heads: ``H`` (``K = C / H``).
+        feature_map: the :class:`RandomFeatureMap` shared by queries and keys.
+        gate: learn ``g_t = sigmoid(w_g . x_t + b_g)`` per head and step.
+    """
+
+    STATE_KEY = "rfa_state"
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        feature_map: RandomFeatureMap,
+        gate: bool = False,
+        bias: bool = True,
+        eps: float = DEFAULT_EPS,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+    ):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.eps, self.chunk_size = eps, chunk_size
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.feature_map = feature_map
+        self.gate_proj = nn.Linear(embed_dim, num_heads) if gate else None
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            init_projection(proj, gain=2**-0.5)
+        init_projection(self.out_proj)
+        if self.gate_proj is not None:
+            init_projection(self.gate_proj)
+
+    def _project(self, x: Tensor, key_padding_mask: Optional[Tensor]):
+        q = self.feature_map(split_heads(self.q_proj(x), self.num_heads))
+        k = self.feature_map(split_heads(self.k_proj(x), self.num_heads))
+        v = split_heads(self.v_proj(x), self.num_heads)
+        log_g = None
+        if self.gate_proj is not None:
+            log_g = F.logsigmoid(self.gate_proj(x).float()).permute(1, 2, 0)  # [B, H, T]
+        if key_padding_mask is not None:
+            # A padded step neither writes (k = 0) nor decays (log g = 0) the state.
+            pad = key_padding_mask.to(torch.bool)[:, None, :]
+            k = k.masked_fill(pad.unsqueeze(-1), 0.0)
+            if log_g is not None:
+                log_g = log_g.masked_fill(pad, 0.0)
+        return q, k, v, log_g
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        need_weights: bool = False,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad).
+
+        Returns ``([T, B, C], None)``: RFA has no attention matrix to return for
+        self-attention (``need_weights`` is accepted for compatibility and yields None).
+        """
+        if (key is not None and key is not query) or (value is not None and value is not query):
+            raise ValueError("CausalRFAttention is self-attention: key and value must be the query tensor")
+        if static_kv or before_softmax:
+            raise ValueError("CausalRFAttention supports neither static_kv nor before_softmax")
+        T, B, _ = query.shape
+        if attn_mask is not None and tuple(attn_mask.shape[-2:]) != (T, T):
+            raise ValueError(f"attn_mask must be the {T}x{T} causal mask, got shape {tuple(attn_mask.shape)}")
+        q, k, v, log_g = self._project(query, key_padding_mask)
+
+        if incremental_state is None:
+            out = chunk_causal_rfa(q, k, v, log_g, eps=self.eps, chunk_size=self.chunk_size)
+        else:
+            saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
+            state = None if saved is None else (saved["S"], saved["z"])
+            if T == 1:
+                # The state tensors are ours alone (made here or by index_select in reorder),
+                # so without autograd they can be updated in place.
+                o, state = recurrent_causal_rfa_step(
+                    q[:, :, 0], k[:, :, 0], v[:, :, 0], None if log_g is None else log_g[:, :, 0],
+                    state, eps=self.eps, inplace=not torch.is_grad_enabled(),
+                )
+                out = o.unsqueeze(2)
+            else:
+                out, state = chunk_causal_rfa(
+                    q, k, v, log_g, initial_state=state, output_final_state=True,
+                    eps=self.eps, chunk_size=self.chunk_size,
+                )
+            self.set_incremental_state(incremental_state, self.STATE_KEY, {"S": state[0], "z": state[1]})
+        return self.out_proj(merge_heads(out)), None
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
+        """Beam search: select the rows of (S, z) that the surviving hypotheses continue."""
+        saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
+        if saved is not None:
+            saved = {name: t.index_select(0, new_order) for name, t in saved.items()}
+            self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
+        return incremental_state
+
+    # fairseq's decoder layer reads these on MultiheadAttention; keep the same names.
+    def _get_input_buffer(self, incremental_state: Optional[IncrementalState]) -> Dict[str, Optional[Tensor]]:
+        return self.get_incremental_state(incremental_state, self.STATE_KEY) or {}
+
+    def _set_input_buffer(self, incremental_state: IncrementalState, buffer: Dict[str, Optional[Tensor]]):
+        return self.set_incremental_state(incremental_state, self.STATE_KEY, buffer)

@@ -1,0 +1,151 @@
+"""CrossRFAttention: RFA for the decoder's attention over the encoder output.
+
+Drop-in for fairseq's MultiheadAttention in a decoder layer's ``encoder_attn`` slot. Layout:
+Time x Batch x Channel. The source is summarised once into ``(S [Bs, H, F, K], z [Bs, H, F])``
+(padding excluded); every decoding step and every beam reads that summary at O(F K) per head.
+
+Beam search (fairseq's SequenceGenerator calls ``set_beam_size``): the encoder output is
+repeated ``beam`` times, sentence-major, so the state is computed from one copy per sentence
+and the queries of a sentence's beams are grouped onto it. Reordering is then a no-op while
+the batch keeps its sentences, and an index by sentence when finished sentences are dropped.
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+from fairseq.incremental_decoding_utils import with_incremental_state
+from torch import Tensor, nn
+
+from ..ops import cross_rfa_apply, cross_rfa_state, cross_rfa_weights
+from ..ops.denominator import DEFAULT_EPS
+from .causal_rfa_attention import IncrementalState, init_projection
+from .heads import merge_heads, split_heads
+from .random_feature_map import RandomFeatureMap
+
+
+@with_incremental_state
+class CrossRFAttention(nn.Module):
+    """Non-causal random feature attention from decoder queries to encoder keys/values.
+
+    Args:
+        embed_dim: decoder dimension ``C``; kdim: encoder dimension; num_heads: ``H``.
+        feature_map: the :class:`RandomFeatureMap` shared by queries and keys.
+    """
+
+    STATE_KEY = "rfa_cross_state"
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        feature_map: RandomFeatureMap,
+        kdim: Optional[int] = None,
+        bias: bool = True,
+        eps: float = DEFAULT_EPS,
+    ):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        kdim = kdim or embed_dim
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.eps = eps
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(kdim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(kdim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.feature_map = feature_map
+        self.beam_size = 1
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            init_projection(proj, gain=2**-0.5)
+        init_projection(self.out_proj)
+
+    def set_beam_size(self, beam_size: int):
+        """Called through the decoder by fairseq's SequenceGenerator."""
+        self.beam_size = beam_size
+
+    def _source_state(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], rows: int,
+                      keep_keys: bool) -> Dict[str, Optional[Tensor]]:
+        if rows > 1:
+            key, value = key[:, ::rows], value[:, ::rows]
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask[::rows]
+        k = self.feature_map(split_heads(self.k_proj(key), self.num_heads))
+        v = split_heads(self.v_proj(value), self.num_heads)
+        S, z = cross_rfa_state(k, v, key_padding_mask)
+        saved: Dict[str, Optional[Tensor]] = {
+            "S": S, "z": z, "rows_per_source": torch.tensor([rows]),
+        }
+        if keep_keys:
+            saved["k"] = k
+            saved["key_padding_mask"] = key_padding_mask
+        return saved
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        need_weights: bool = False,
+        static_kv: bool = True,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """query: ``[Tq, B, C]``; key, value: ``[S, B, kdim]``; key_padding_mask: ``[B, S]``.
+
+        Returns ``[Tq, B, C]`` and, if ``need_weights``, the implicit attention weights
+        ``phi(q).phi(k_j) / max(phi(q).z, eps)``: averaged over heads ``[B, Tq, S]``, or per head
+        ``[H, B, Tq, S]`` with ``need_head_weights``.
+        """
+        if attn_mask is not None or before_softmax:
+            raise ValueError("CrossRFAttention supports neither attn_mask nor before_softmax")
+        need_weights = need_weights or need_head_weights
+        Tq, B, _ = query.shape
+        saved = None
+        if incremental_state is not None:
+            saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
+        if saved is None or (need_weights and "k" not in saved):
+            if key is None:
+                raise ValueError("CrossRFAttention needs the encoder output on the first step")
+            rows = self.beam_size if (incremental_state is not None and self.beam_size > 1
+                                      and B % self.beam_size == 0 and key.size(1) == B) else 1
+            saved = self._source_state(key, value if value is not None else key, key_padding_mask, rows,
+                                       keep_keys=need_weights)
+            if incremental_state is not None:
+                self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
+        state = (saved["S"], saved["z"])
+        q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
+        out = cross_rfa_apply(q, state, eps=self.eps, out_dtype=query.dtype)
+        out = self.out_proj(merge_heads(out))
+        weights = None
+        if need_weights:
+            weights = cross_rfa_weights(q, saved["k"], state, saved.get("key_padding_mask"), eps=self.eps)
+            weights = weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
+        return out, weights
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
+        saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
+        if saved is None:
+            return incremental_state
+        rows = int(saved["rows_per_source"][0])
+        num_sources = saved["S"].size(0)
+        if rows > 1:
+            if num_sources * rows == new_order.numel():
+                return incremental_state  # beams were reordered within their sentences
+            index = new_order.reshape(-1, rows)[:, 0] // rows
+        else:
+            index = new_order
+        saved = {
+            name: (t if name == "rows_per_source" or t is None else t.index_select(0, index))
+            for name, t in saved.items()
+        }
+        self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
+        return incremental_state
+
+    def _get_input_buffer(self, incremental_state: Optional[IncrementalState]) -> Dict[str, Optional[Tensor]]:
+        return self.get_incremental_state(incremental_state, self.STATE_KEY) or {}
+
+    def _set_input_buffer(self, incremental_state: IncrementalState, buffer: Dict[str, Optional[Tensor]]):
+        return self.set_incremental_state(incremental_state, self.STATE_KEY, buffer)

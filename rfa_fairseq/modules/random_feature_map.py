@@ -1,0 +1,73 @@
+"""RandomFeatureMap: the learned per-head scale sigma plus the random matrix, as an nn.Module.
+
+The random matrix ``[H, D, K]`` is a buffer, so it is saved in checkpoints and a loaded model
+decodes exactly as it was validated. In training mode it is redrawn whenever the training step
+changes: the draw is seeded from ``(torch.initial_seed(), num_updates, module_id)``. fairseq's
+trainer reseeds torch with ``--seed + num_updates`` at every update on every rank, so draws
+follow fairseq's seed, are identical on all distributed ranks, and repeat exactly on resume.
+Draws happen on the CPU with a private generator, so they do not disturb (and are not disturbed
+by) dropout's random stream, whatever the device.
+"""
+import torch
+from torch import Tensor, nn
+
+from ..ops import feature_map, feature_size, l2_normalize, sample_random_matrix
+
+
+class RandomFeatureMap(nn.Module):
+    """phi(x) for queries and keys of one attention module; input ``[B, H, T, K]``.
+
+    Queries and keys are L2-normalised, scaled element-wise by ``sigma`` (``[H, K]``, learned)
+    and projected on the random rows; output ``[B, H, T, F]`` in fp32.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        num_features: int,
+        kernel: str = "gaussian",
+        random_matrix: str = "orthogonal",
+        init_sigma: float = 1.0,
+        module_id: int = 0,
+    ):
+        super().__init__()
+        self.num_heads, self.head_dim, self.num_features = num_heads, head_dim, num_features
+        self.kernel, self.random_matrix_kind, self.module_id = kernel, random_matrix, module_id
+        self.output_dim = feature_size(kernel, num_features)
+        self.sigma = nn.Parameter(torch.full((num_heads, head_dim), float(init_sigma)))
+        self.register_buffer("random_matrix", torch.zeros(num_heads, num_features, head_dim))
+        self.num_updates = 0
+        self._drawn_for = None
+        self.redraw()
+
+    def set_num_updates(self, num_updates: int):
+        """Called by fairseq's trainer (through the model) after every update."""
+        self.num_updates = num_updates
+
+    def draw_seed(self) -> int:
+        key = (torch.initial_seed(), self.num_updates, self.module_id)
+        return hash(key) % (2**63)
+
+    @torch.no_grad()
+    def redraw(self, seed: int = None):
+        """Draw a new random matrix (from ``seed``, or from the current step's seed)."""
+        if seed is None:
+            seed = self.draw_seed()
+        gen = torch.Generator().manual_seed(seed)
+        w = sample_random_matrix(self.random_matrix_kind, self.num_heads, self.num_features, self.head_dim, gen)
+        self.random_matrix.copy_(w)
+        self._drawn_for = seed
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            seed = self.draw_seed()
+            if seed != self._drawn_for:
+                self.redraw(seed)
+        return feature_map(self.kernel, l2_normalize(x.float()), self.sigma, self.random_matrix)
+
+    def extra_repr(self) -> str:
+        return (
+            f"heads={self.num_heads}, head_dim={self.head_dim}, features={self.num_features}, "
+            f"kernel={self.kernel}, random_matrix={self.random_matrix_kind}"
+        )

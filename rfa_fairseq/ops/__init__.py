@@ -1,0 +1,15 @@
+"""The math of RFA in pure torch (no fairseq imports): feature maps and attention ops.
+
+Layout throughout: ``[B, H, T, F]`` for feature-mapped queries/keys, ``[B, H, T, K]`` for values.
+"""
+from .causal_rfa import chunk_causal_rfa, naive_causal_rfa, recurrent_causal_rfa_step
+from .cross_rfa import cross_rfa_apply, cross_rfa_state, cross_rfa_weights, naive_cross_rfa
+from .denominator import DEFAULT_EPS, guarded_ratio
+from .feature_maps import (
+    KERNELS,
+    RANDOM_MATRICES,
+    feature_map,
+    feature_size,
+    l2_normalize,
+    sample_random_matrix,
+)

@@ -1,0 +1,95 @@
+"""Chunked parallel causal RFA, for training and for multi-token incremental calls.
+
+Time is split into chunks of ``C``. Inside a chunk the masked quadratic form
+``(q k^T * decay, lower triangular) @ v`` is used; across chunks the state ``S`` is carried.
+The denominator rides along as an extra column of ones on ``v``. Everything runs in fp32.
+Memory per head is O(T C + (T / C) F K) instead of the O(T F K) of a cumsum of outer products.
+
+With a gate, ``b`` is the inclusive cumulative sum of ``log g`` inside a chunk. Position ``j``
+reaches position ``i >= j`` of the same chunk with weight ``exp(b_i - b_j) (1 - g_j)``; the
+differences are masked to -inf above the diagonal *before* ``exp``, so every exponent is <= 0.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F_
+from torch import Tensor
+
+from ..denominator import DEFAULT_EPS, guarded_ratio
+
+DEFAULT_CHUNK_SIZE = 64
+
+
+def _pad_time(x: Tensor, pad: int, dim: int = 2) -> Tensor:
+    if pad == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = pad
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def chunk_causal_rfa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_g: Optional[Tensor] = None,
+    initial_state: Optional[Tuple[Tensor, Tensor]] = None,
+    output_final_state: bool = False,
+    eps: float = DEFAULT_EPS,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+):
+    """Same contract as :func:`naive_causal_rfa` (shapes ``[B, H, T, F]``/``[B, H, T, K]``)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    B, H, T, Fd = q.shape
+    K = v.shape[-1]
+    C = min(chunk_size, max(T, 1))
+    pad = (-T) % C
+    N = (T + pad) // C
+
+    qf = _pad_time(q.float(), pad).view(B, H, N, C, Fd)
+    kf = _pad_time(k.float(), pad)
+    # A column of ones turns the numerator state into (S, z) at once.
+    v1 = torch.cat([v.float(), v.new_ones(B, H, T, 1, dtype=torch.float32)], dim=-1)
+    vf = _pad_time(v1, pad).view(B, H, N, C, K + 1)
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+
+    if initial_state is None:
+        state0 = qf.new_zeros(B, H, Fd, K + 1)
+    else:
+        state0 = torch.cat([initial_state[0].float(), initial_state[1].float().unsqueeze(-1)], dim=-1)
+
+    if log_g is None:
+        kf = kf.view(B, H, N, C, Fd)
+        attn = (qf @ kf.transpose(-1, -2)).masked_fill(~causal, 0.0)
+        intra = attn @ vf
+        chunk_kv = kf.transpose(-1, -2) @ vf  # [B, H, N, F, K+1]
+        inclusive = torch.cumsum(chunk_kv, dim=2) + state0.unsqueeze(2)
+        before = torch.cat([state0.unsqueeze(2), inclusive[:, :, :-1]], dim=2)
+        o = intra + qf @ before
+        final = inclusive[:, :, -1]
+    else:
+        lg = _pad_time(log_g.float(), pad).view(B, H, N, C)
+        b = torch.cumsum(lg, dim=-1)
+        # (1 - g) computed as -expm1(log g): exact for g close to 1.
+        kw = (kf.view(B, H, N, C, Fd) * (-torch.expm1(lg)).unsqueeze(-1))
+        diff = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
+        attn = (qf @ kw.transpose(-1, -2)) * torch.exp(diff)
+        intra = attn @ vf
+        b_last = b[..., -1:]
+        chunk_kv = (kw * torch.exp(b_last - b).unsqueeze(-1)).transpose(-1, -2) @ vf
+        chunk_decay = torch.exp(b_last).unsqueeze(-1)  # [B, H, N, 1, 1]
+        states = []
+        S = state0
+        for n in range(N):
+            states.append(S)
+            S = chunk_decay[:, :, n] * S + chunk_kv[:, :, n]
+        before = torch.stack(states, dim=2)
+        o = intra + (qf * torch.exp(b).unsqueeze(-1)) @ before
+        final = S
+
+    o = o.reshape(B, H, N * C, K + 1)[:, :, :T]
+    out = guarded_ratio(o[..., :K], o[..., K], eps, v.dtype)
+    if output_final_state:
+        return out, (final[..., :K], final[..., K])
+    return out

@@ -1,0 +1,34 @@
+"""Naive cross RFA: explicit loops over keys and queries, in fp32. The reference."""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..denominator import DEFAULT_EPS, guarded_ratio
+
+
+def naive_cross_rfa(
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS
+) -> Tensor:
+    """out_i = sum_j phi(q_i).phi(k_j) v_j / max(sum_j phi(q_i).phi(k_j), eps) over non-pad keys j.
+
+    Args:
+        q: ``[B, H, Tq, F]``; k: ``[B, H, S, F]``; v: ``[B, H, S, K]``;
+        key_padding_mask: ``[B, S]``, True at padding, or None.
+    Returns: ``[B, H, Tq, K]`` in the dtype of ``v``.
+    """
+    B, H, Tq, F = q.shape
+    S_len, K = v.shape[2], v.shape[3]
+    out = torch.empty(B, H, Tq, K, dtype=v.dtype, device=v.device)
+    for b in range(B):
+        for i in range(Tq):
+            num = q.new_zeros(H, K, dtype=torch.float32)
+            den = q.new_zeros(H, dtype=torch.float32)
+            for j in range(S_len):
+                if key_padding_mask is not None and bool(key_padding_mask[b, j]):
+                    continue
+                w = (q[b, :, i].float() * k[b, :, j].float()).sum(-1)
+                num = num + w.unsqueeze(-1) * v[b, :, j].float()
+                den = den + w
+            out[b, :, i] = guarded_ratio(num, den, eps, v.dtype)
+    return out

@@ -1,0 +1,23 @@
+"""The guard on RFA's denominator phi(q) . z.
+
+With sin/cos features phi(q) . z estimates a sum of positive kernel values, but the estimate
+can come out small or negative for a short history or few features. We clamp it from below at
+``eps`` (default 1e-2, ``--rfa-eps``), as the original RFA code does; the clamp is applied in
+fp32. Since |phi(q)| = 1 for the Gaussian map and the sum over keys is bounded, the ratio is
+finite; when the result is cast to fp16/bf16 it is clamped to the dtype's finite range so that a
+large but finite fp32 value can never become inf. Gradients do not flow through a clamped
+denominator (it is a constant there).
+"""
+import torch
+from torch import Tensor
+
+DEFAULT_EPS = 1e-2
+
+
+def guarded_ratio(num: Tensor, den: Tensor, eps: float, out_dtype: torch.dtype) -> Tensor:
+    """num / max(den, eps) in fp32; ``num`` is ``[..., K]`` and ``den`` is ``[...]``."""
+    out = num.float() / den.float().clamp_min(eps).unsqueeze(-1)
+    if out_dtype != torch.float32 and out_dtype.is_floating_point:
+        limit = torch.finfo(out_dtype).max
+        out = out.clamp(-limit, limit)
+    return out.to(out_dtype)

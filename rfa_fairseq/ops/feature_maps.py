@@ -1,0 +1,92 @@
+"""Random matrices and random feature maps (pure torch).
+
+Layouts: inputs ``x`` are ``[B, H, T, K]`` (batch, heads, time, head dim ``K``); a random
+matrix is ``[H, D, K]`` (``D`` random features per head); a per-head scale ``sigma`` is
+``[H, K]``. Feature maps return ``[B, H, T, F]`` with ``F = 2D`` (Gaussian) or ``F = D``
+(arc-cosine). Features are always computed in fp32.
+"""
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+KERNELS = ("gaussian", "arccos")
+RANDOM_MATRICES = ("gaussian", "orthogonal")
+
+
+def feature_size(kernel: str, num_features: int) -> int:
+    """Length ``F`` of phi(x) for ``num_features`` random projections."""
+    if kernel == "gaussian":
+        return 2 * num_features
+    if kernel == "arccos":
+        return num_features
+    raise ValueError(f"unknown kernel {kernel!r}; expected one of {KERNELS}")
+
+
+def sample_gaussian_matrix(
+    num_heads: int, num_features: int, head_dim: int, generator: Optional[torch.Generator] = None
+) -> Tensor:
+    """i.i.d. N(0, 1) rows: ``[H, D, K]`` in fp32 on the generator's device (CPU by default)."""
+    return torch.randn(num_heads, num_features, head_dim, generator=generator)
+
+
+def sample_orthogonal_matrix(
+    num_heads: int, num_features: int, head_dim: int, generator: Optional[torch.Generator] = None
+) -> Tensor:
+    """Orthogonal random features (Yu et al., 2016): ``[H, D, K]``.
+
+    Rows come in blocks of ``K`` mutually orthogonal unit vectors (QR of a Gaussian matrix),
+    each row rescaled by an independent chi(K) norm so that every row is marginally N(0, I).
+    ``D`` need not be a multiple of ``K``: the last block is truncated.
+    """
+    num_blocks = -(-num_features // head_dim)
+    gauss = torch.randn(num_heads, num_blocks, head_dim, head_dim, generator=generator)
+    q, r = torch.linalg.qr(gauss)
+    # Fix the sign ambiguity of QR so the draw is Haar-distributed.
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    rows = q.transpose(-1, -2).reshape(num_heads, num_blocks * head_dim, head_dim)[:, :num_features]
+    norms = torch.randn(num_heads, num_features, head_dim, generator=generator).norm(dim=-1)
+    return rows * norms.unsqueeze(-1)
+
+
+def sample_random_matrix(
+    kind: str, num_heads: int, num_features: int, head_dim: int, generator: Optional[torch.Generator] = None
+) -> Tensor:
+    if kind == "gaussian":
+        return sample_gaussian_matrix(num_heads, num_features, head_dim, generator)
+    if kind == "orthogonal":
+        return sample_orthogonal_matrix(num_heads, num_features, head_dim, generator)
+    raise ValueError(f"unknown random matrix kind {kind!r}; expected one of {RANDOM_MATRICES}")
+
+
+def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / (|x| + eps) over the last dimension."""
+    return x / (x.norm(dim=-1, keepdim=True) + eps)
+
+
+def _project(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
+    # w_i = sigma * omega_i (element-wise), so w_i . x = omega_i . (sigma * x).
+    x = x.float() * sigma.float()[:, None, :]
+    return torch.einsum("bhtk,hdk->bhtd", x, random_matrix.float())
+
+
+def random_fourier_features(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
+    """phi(x) = D^-1/2 [sin(w.x), cos(w.x)]; E[phi(x).phi(y)] = exp(-|sigma*(x-y)|^2 / 2)."""
+    proj = _project(x, sigma, random_matrix)
+    scale = 1.0 / math.sqrt(random_matrix.shape[1])
+    return torch.cat([torch.sin(proj), torch.cos(proj)], dim=-1) * scale
+
+
+def arccos_features(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
+    """phi(x) = D^-1/2 max(0, w.x): the order-1 arc-cosine kernel (non-negative features)."""
+    proj = _project(x, sigma, random_matrix)
+    return torch.relu(proj) / math.sqrt(random_matrix.shape[1])
+
+
+def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
+    if kernel == "gaussian":
+        return random_fourier_features(x, sigma, random_matrix)
+    if kernel == "arccos":
+        return arccos_features(x, sigma, random_matrix)
+    raise ValueError(f"unknown kernel {kernel!r}; expected one of {KERNELS}")
