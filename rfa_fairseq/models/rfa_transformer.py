@@ -40,6 +40,11 @@ class RFATransformerModel(TransformerModel):
                     "--decoder-embed-dim", "--decoder-attention-heads")
         return super().build_model(args, task)
 
+    def set_beam_size(self, beam_size):
+        """Called by fairseq's SequenceGenerator: cross attention then keeps one source state
+        per sentence and shares it across that sentence's beams."""
+        self.decoder.set_beam_size(beam_size)
+
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         # fairseq's TransformerConfig.from_namespace keeps unknown (rfa_*) attributes.

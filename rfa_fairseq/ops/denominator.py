@@ -14,10 +14,16 @@ from torch import Tensor
 DEFAULT_EPS = 1e-2
 
 
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The accumulation dtype of the ops: fp32, or fp64 for fp64 inputs (used by tests)."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def guarded_ratio(num: Tensor, den: Tensor, eps: float, out_dtype: torch.dtype) -> Tensor:
-    """num / max(den, eps) in fp32; ``num`` is ``[..., K]`` and ``den`` is ``[...]``."""
-    out = num.float() / den.float().clamp_min(eps).unsqueeze(-1)
-    if out_dtype != torch.float32 and out_dtype.is_floating_point:
+    """num / max(den, eps) in (at least) fp32; ``num`` is ``[..., K]`` and ``den`` is ``[...]``."""
+    acc = compute_dtype(num)
+    out = num.to(acc) / den.to(acc).clamp_min(eps).unsqueeze(-1)
+    if torch.finfo(out_dtype).max < torch.finfo(acc).max:
         limit = torch.finfo(out_dtype).max
         out = out.clamp(-limit, limit)
     return out.to(out_dtype)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F_
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, guarded_ratio
+from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
 
 DEFAULT_CHUNK_SIZE = 64
 
@@ -43,21 +43,22 @@ def chunk_causal_rfa(
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     B, H, T, Fd = q.shape
     K = v.shape[-1]
+    acc = compute_dtype(q)
     C = min(chunk_size, max(T, 1))
     pad = (-T) % C
     N = (T + pad) // C
 
-    qf = _pad_time(q.float(), pad).view(B, H, N, C, Fd)
-    kf = _pad_time(k.float(), pad)
+    qf = _pad_time(q.to(acc), pad).view(B, H, N, C, Fd)
+    kf = _pad_time(k.to(acc), pad)
     # A column of ones turns the numerator state into (S, z) at once.
-    v1 = torch.cat([v.float(), v.new_ones(B, H, T, 1, dtype=torch.float32)], dim=-1)
+    v1 = torch.cat([v.to(acc), v.new_ones(B, H, T, 1, dtype=acc)], dim=-1)
     vf = _pad_time(v1, pad).view(B, H, N, C, K + 1)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
 
     if initial_state is None:
         state0 = qf.new_zeros(B, H, Fd, K + 1)
     else:
-        state0 = torch.cat([initial_state[0].float(), initial_state[1].float().unsqueeze(-1)], dim=-1)
+        state0 = torch.cat([initial_state[0].to(acc), initial_state[1].to(acc).unsqueeze(-1)], dim=-1)
 
     if log_g is None:
         kf = kf.view(B, H, N, C, Fd)
@@ -69,7 +70,7 @@ def chunk_causal_rfa(
         o = intra + qf @ before
         final = inclusive[:, :, -1]
     else:
-        lg = _pad_time(log_g.float(), pad).view(B, H, N, C)
+        lg = _pad_time(log_g.to(acc), pad).view(B, H, N, C)
         b = torch.cumsum(lg, dim=-1)
         # (1 - g) computed as -expm1(log g): exact for g close to 1.
         kw = (kf.view(B, H, N, C, Fd) * (-torch.expm1(lg)).unsqueeze(-1))

@@ -4,7 +4,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, guarded_ratio
+from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
 
 
 def naive_causal_rfa(
@@ -31,12 +31,13 @@ def naive_causal_rfa(
     """
     B, H, T, F = q.shape
     K = v.shape[-1]
-    qf, kf, vf = q.float(), k.float(), v.float()
+    acc = compute_dtype(q)
+    qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
     if initial_state is None:
         S = qf.new_zeros(B, H, F, K)
         z = qf.new_zeros(B, H, F)
     else:
-        S, z = initial_state[0].float(), initial_state[1].float()
+        S, z = initial_state[0].to(acc), initial_state[1].to(acc)
     outs = []
     for t in range(T):
         kt, vt = kf[:, :, t], vf[:, :, t]
@@ -44,7 +45,7 @@ def naive_causal_rfa(
             S = S + kt.unsqueeze(-1) * vt.unsqueeze(-2)
             z = z + kt
         else:
-            g = torch.exp(log_g[:, :, t].float())
+            g = torch.exp(log_g[:, :, t].to(acc))
             S = g[..., None, None] * S + (1 - g)[..., None, None] * kt.unsqueeze(-1) * vt.unsqueeze(-2)
             z = g[..., None] * z + (1 - g)[..., None] * kt
         qt = qf[:, :, t]

@@ -4,7 +4,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, guarded_ratio
+from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
 
 
 def recurrent_causal_rfa_step(
@@ -26,12 +26,13 @@ def recurrent_causal_rfa_step(
     Returns:
         ``out [B, H, K]`` (dtype of ``v``) and the new ``(S, z)``.
     """
-    kf, vf, qf = k.float(), v.float(), q.float()
+    acc = compute_dtype(q)
+    kf, vf, qf = k.to(acc), v.to(acc), q.to(acc)
     if log_g is None:
         decay = None
         kw = kf
     else:
-        lg = log_g.float()
+        lg = log_g.to(acc)
         decay = torch.exp(lg)
         kw = kf * (-torch.expm1(lg)).unsqueeze(-1)
     if state is None:

@@ -4,7 +4,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, guarded_ratio
+from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
 
 
 def naive_cross_rfa(
@@ -19,16 +19,17 @@ def naive_cross_rfa(
     """
     B, H, Tq, F = q.shape
     S_len, K = v.shape[2], v.shape[3]
+    acc = compute_dtype(q)
     out = torch.empty(B, H, Tq, K, dtype=v.dtype, device=v.device)
     for b in range(B):
         for i in range(Tq):
-            num = q.new_zeros(H, K, dtype=torch.float32)
-            den = q.new_zeros(H, dtype=torch.float32)
+            num = q.new_zeros(H, K, dtype=acc)
+            den = q.new_zeros(H, dtype=acc)
             for j in range(S_len):
                 if key_padding_mask is not None and bool(key_padding_mask[b, j]):
                     continue
-                w = (q[b, :, i].float() * k[b, :, j].float()).sum(-1)
-                num = num + w.unsqueeze(-1) * v[b, :, j].float()
+                w = (q[b, :, i].to(acc) * k[b, :, j].to(acc)).sum(-1)
+                num = num + w.unsqueeze(-1) * v[b, :, j].to(acc)
                 den = den + w
             out[b, :, i] = guarded_ratio(num, den, eps, v.dtype)
     return out

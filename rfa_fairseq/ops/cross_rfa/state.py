@@ -10,17 +10,18 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, guarded_ratio
+from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
 
 
 def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """k: ``[B, H, S, F]``, v: ``[B, H, S, K]``, key_padding_mask ``[B, S]`` (True = pad).
 
     Returns ``(S [B, H, F, K], z [B, H, F])`` in fp32."""
-    kf = k.float()
+    acc = compute_dtype(k)
+    kf = k.to(acc)
     if key_padding_mask is not None:
         kf = kf.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), 0.0)
-    return kf.transpose(-1, -2) @ v.float(), kf.sum(dim=2)
+    return kf.transpose(-1, -2) @ v.to(acc), kf.sum(dim=2)
 
 
 def _group(q: Tensor, num_sources: int) -> Tensor:
@@ -35,7 +36,7 @@ def cross_rfa_apply(q: Tensor, state: Tuple[Tensor, Tensor], eps: float = DEFAUL
 
     Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
     S, z = state
-    qg = _group(q.float(), S.shape[0])  # [Bs, beam, H, Tq, F]
+    qg = _group(q.to(S.dtype), S.shape[0])  # [Bs, beam, H, Tq, F]
     num = torch.einsum("sbhtf,shfk->sbhtk", qg, S)
     den = torch.einsum("sbhtf,shf->sbht", qg, z)
     out = guarded_ratio(num, den, eps, out_dtype or q.dtype)
@@ -51,8 +52,9 @@ def cross_rfa_weights(
     q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]`` for the ``Bs`` sources of ``state``.
     Returns ``[B, H, Tq, S]`` in fp32 (zero at padding)."""
     Bs = k.shape[0]
-    qg = _group(q.float(), Bs)
-    scores = torch.einsum("sbhtf,shjf->sbhtj", qg, k.float())
+    acc = state[0].dtype
+    qg = _group(q.to(acc), Bs)
+    scores = torch.einsum("sbhtf,shjf->sbhtj", qg, k.to(acc))
     if key_padding_mask is not None:
         scores = scores.masked_fill(key_padding_mask[:, None, None, None, :].to(torch.bool), 0.0)
     den = torch.einsum("sbhtf,shf->sbht", qg, state[1]).clamp_min(eps)
