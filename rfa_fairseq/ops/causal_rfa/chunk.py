@@ -44,6 +44,13 @@ def chunk_causal_rfa(
     B, H, T, Fd = q.shape
     K = v.shape[-1]
     acc = compute_dtype(q)
+    if T == 0:
+        out = v.new_zeros(B, H, 0, K)
+        if not output_final_state:
+            return out
+        if initial_state is None:
+            return out, (q.new_zeros(B, H, Fd, K, dtype=acc), q.new_zeros(B, H, Fd, dtype=acc))
+        return out, (initial_state[0].to(acc), initial_state[1].to(acc))
     C = min(chunk_size, max(T, 1))
     pad = (-T) % C
     N = (T + pad) // C
@@ -71,22 +78,24 @@ def chunk_causal_rfa(
         final = inclusive[:, :, -1]
     else:
         lg = _pad_time(log_g.to(acc), pad).view(B, H, N, C)
-        b = torch.cumsum(lg, dim=-1)
+        # Cumulative log-gates and their differences in fp64: in fp32 a long chunk of small gates
+        # loses absolute precision in b_i - b_j (these tensors are small: [B, H, N, C(, C)]).
+        b = torch.cumsum(lg.double(), dim=-1)
         # (1 - g) computed as -expm1(log g): exact for g close to 1.
         kw = (kf.view(B, H, N, C, Fd) * (-torch.expm1(lg)).unsqueeze(-1))
         diff = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
-        attn = (qf @ kw.transpose(-1, -2)) * torch.exp(diff)
+        attn = (qf @ kw.transpose(-1, -2)) * torch.exp(diff).to(acc)
         intra = attn @ vf
         b_last = b[..., -1:]
-        chunk_kv = (kw * torch.exp(b_last - b).unsqueeze(-1)).transpose(-1, -2) @ vf
-        chunk_decay = torch.exp(b_last).unsqueeze(-1)  # [B, H, N, 1, 1]
+        chunk_kv = (kw * torch.exp(b_last - b).to(acc).unsqueeze(-1)).transpose(-1, -2) @ vf
+        chunk_decay = torch.exp(b_last).to(acc).unsqueeze(-1)  # [B, H, N, 1, 1]
         states = []
         S = state0
         for n in range(N):
             states.append(S)
             S = chunk_decay[:, :, n] * S + chunk_kv[:, :, n]
         before = torch.stack(states, dim=2)
-        o = intra + (qf * torch.exp(b).unsqueeze(-1)) @ before
+        o = intra + (qf * torch.exp(b).to(acc).unsqueeze(-1)) @ before
         final = S
 
     o = o.reshape(B, H, N * C, K + 1)[:, :, :T]

@@ -45,9 +45,10 @@ def naive_causal_rfa(
             S = S + kt.unsqueeze(-1) * vt.unsqueeze(-2)
             z = z + kt
         else:
-            g = torch.exp(log_g[:, :, t].to(acc))
-            S = g[..., None, None] * S + (1 - g)[..., None, None] * kt.unsqueeze(-1) * vt.unsqueeze(-2)
-            z = g[..., None] * z + (1 - g)[..., None] * kt
+            lg = log_g[:, :, t].to(acc)
+            g, one_minus_g = torch.exp(lg), -torch.expm1(lg)  # expm1: exact 1 - g for g near 1
+            S = g[..., None, None] * S + one_minus_g[..., None, None] * kt.unsqueeze(-1) * vt.unsqueeze(-2)
+            z = g[..., None] * z + one_minus_g[..., None] * kt
         qt = qf[:, :, t]
         num = torch.einsum("bhf,bhfk->bhk", qt, S)
         den = torch.einsum("bhf,bhf->bh", qt, z)

@@ -37,7 +37,7 @@ def recurrent_causal_rfa_step(
         kw = kf * (-torch.expm1(lg)).unsqueeze(-1)
     if state is None:
         S = kw.unsqueeze(-1) * vf.unsqueeze(-2)
-        z = kw
+        z = kw.clone()  # kw may be the caller's k; a later in-place step must not write into it
     elif inplace:
         S, z = state
         if decay is not None:

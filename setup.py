@@ -1,0 +1,26 @@
+"""rfa_fairseq: Random Feature Attention for fairseq.
+
+Install the stack first (scripts/setup_env.sh does it: torch, then fairseq-fixed without
+build isolation), then this package with ``pip install --no-deps -e .``. The package declares
+no hard requirements on purpose: resolving fairseq-fixed's metadata would pull torchaudio and
+replace an installed (for example CUDA) torch.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="rfa_fairseq",
+    version="0.1.0",
+    description="Random Feature Attention (RFA, RFA-Gate) for fairseq: linear-time attention and "
+                "constant-memory incremental decoding",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["rfa_fairseq", "rfa_fairseq.*"]),
+    python_requires=">=3.10",
+    install_requires=[],
+    extras_require={
+        "stack": ["torch>=2.4", "fairseq-fixed==0.12.3.1", "hydra-core==1.3.2", "omegaconf==2.3.0",
+                  "sacrebleu", "sentencepiece"],
+        "test": ["pytest", "hypothesis"],
+    },
+    license="MIT",
+)
