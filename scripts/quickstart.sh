@@ -59,11 +59,12 @@ import sacrebleu
 work = sys.argv[1]
 hyp = open(f"{work}/test.hyp.en", encoding="utf-8").read().splitlines()
 ref = open(f"{work}/test.ref.en", encoding="utf-8").read().splitlines()
-bleu = sacrebleu.corpus_bleu(hyp, [ref])
+metric = sacrebleu.BLEU(force=True)  # the references are tokenised by design (Multi30k tok)
+bleu = metric.corpus_score(hyp, [ref])
 log = open(f"{work}/generate.log", encoding="utf-8").read()
 speed = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)", log)
 print(f"sacreBLEU (test, {len(hyp)} sentences, tokenised lower-cased references): {bleu.score:.2f}")
-print(f"  signature: {sacrebleu.BLEU().get_signature()}")
+print(f"  signature: {metric.get_signature()}")
 if speed:
     print(f"decoding: {speed.group(1)} sentences, {speed.group(2)} tokens in {speed.group(3)} s "
           f"= {speed.group(5)} tokens/s, {speed.group(4)} sentences/s (beam 4, batch 64, CPU)")
