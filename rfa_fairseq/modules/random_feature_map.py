@@ -64,7 +64,8 @@ class RandomFeatureMap(nn.Module):
             seed = self.draw_seed()
             if seed != self._drawn_for:
                 self.redraw(seed)
-        return feature_map(self.kernel, l2_normalize(x.float()), self.sigma, self.random_matrix)
+        x = x.double() if x.dtype == torch.float64 else x.float()
+        return feature_map(self.kernel, l2_normalize(x), self.sigma, self.random_matrix)
 
     def extra_repr(self) -> str:
         return (

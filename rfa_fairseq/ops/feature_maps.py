@@ -3,7 +3,7 @@
 Layouts: inputs ``x`` are ``[B, H, T, K]`` (batch, heads, time, head dim ``K``); a random
 matrix is ``[H, D, K]`` (``D`` random features per head); a per-head scale ``sigma`` is
 ``[H, K]``. Feature maps return ``[B, H, T, F]`` with ``F = 2D`` (Gaussian) or ``F = D``
-(arc-cosine). Features are always computed in fp32.
+(arc-cosine). Features are computed in fp32 (fp64 for fp64 inputs).
 """
 import math
 from typing import Optional
@@ -67,8 +67,9 @@ def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
 
 def _project(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
     # w_i = sigma * omega_i (element-wise), so w_i . x = omega_i . (sigma * x).
-    x = x.float() * sigma.float()[:, None, :]
-    return torch.einsum("bhtk,hdk->bhtd", x, random_matrix.float())
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    x = x.to(acc) * sigma.to(acc)[:, None, :]
+    return torch.einsum("bhtk,hdk->bhtd", x, random_matrix.to(acc))
 
 
 def random_fourier_features(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:

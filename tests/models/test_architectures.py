@@ -1,0 +1,88 @@
+"""Architectures match fairseq's namesakes; flags are validated at start with the flag's name."""
+import argparse
+
+import pytest
+import torch
+from fairseq.models import ARCH_CONFIG_REGISTRY
+
+import rfa_fairseq  # noqa: F401  (registers the architectures)
+from conftest import build_from_cli
+
+DIMS = ["encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_layers", "encoder_attention_heads",
+        "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads",
+        "dropout", "attention_dropout", "share_decoder_input_output_embed"]
+LM_DIMS = ["decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads", "dropout",
+           "adaptive_input", "adaptive_input_cutoff", "adaptive_softmax_cutoff", "tie_adaptive_weights"]
+
+
+@pytest.mark.parametrize("ours, theirs, dims", [
+    ("rfa_transformer", "transformer", DIMS),
+    ("rfa_transformer_iwslt_de_en", "transformer_iwslt_de_en", DIMS),
+    ("rfa_transformer_wmt_en_de", "transformer_wmt_en_de", DIMS),
+    ("rfa_transformer_vaswani_wmt_en_de_big", "transformer_vaswani_wmt_en_de_big", DIMS),
+    ("rfa_transformer_vaswani_wmt_en_fr_big", "transformer_vaswani_wmt_en_fr_big", DIMS),
+    ("rfa_transformer_lm_wiki103", "transformer_lm_wiki103", LM_DIMS),
+])
+def test_same_dimensions_as_fairseq(ours, theirs, dims):
+    a, b = argparse.Namespace(), argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[ours](a)
+    ARCH_CONFIG_REGISTRY[theirs](b)
+    assert {d: getattr(a, d) for d in dims} == {d: getattr(b, d) for d in dims}
+    assert a.rfa_causal_feature_dim == 64 and a.rfa_cross_feature_dim == 128 and a.rfa_kernel == "gaussian"
+    assert a.rfa_gate is False
+
+
+def test_small_wiki103_setting():
+    a = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY["rfa_transformer_lm_wiki103_small"](a)
+    assert (a.decoder_layers, a.decoder_embed_dim, a.decoder_ffn_embed_dim, a.decoder_attention_heads) == (6, 512, 2048, 8)
+    assert a.adaptive_input and a.tie_adaptive_weights and a.adaptive_input_cutoff == "20000,60000"
+
+
+def test_translation_model_structure(translation_model):
+    task, model = translation_model("--rfa-gate", "--rfa-kernel", "arccos")
+    layer = model.decoder.layers[0]
+    assert type(layer.self_attn).__name__ == "CausalRFAttention" and layer.self_attn.gate_proj is not None
+    assert type(layer.encoder_attn).__name__ == "CrossRFAttention"
+    assert layer.self_attn.feature_map.output_dim == 64  # arccos: D values
+    assert layer.encoder_attn.feature_map.output_dim == 96
+    assert type(model.encoder.layers[0].self_attn).__name__ == "MultiheadAttention"  # encoder stays softmax
+
+
+@pytest.mark.parametrize("bad, flag", [
+    (["--rfa-causal-feature-dim", "0"], "--rfa-causal-feature-dim"),
+    (["--rfa-cross-feature-dim", "-3"], "--rfa-cross-feature-dim"),
+    (["--rfa-chunk-size", "0"], "--rfa-chunk-size"),
+    (["--rfa-eps", "0"], "--rfa-eps"),
+    (["--rfa-init-sigma", "-1"], "--rfa-init-sigma"),
+    (["--decoder-attention-heads", "5"], "--decoder-attention-heads"),
+])
+def test_invalid_flag_values_name_the_flag(lm_model, translation_model, bad, flag):
+    for make in (lm_model, translation_model):
+        with pytest.raises(ValueError, match=flag):
+            make(*bad)
+
+
+def test_unknown_kernel_rejected_by_parser(lm_model, capsys):
+    with pytest.raises(SystemExit):
+        lm_model("--rfa-kernel", "laplace")
+    assert "--rfa-kernel" in capsys.readouterr().err
+
+
+def test_softmax_checkpoint_refused_by_rfa_decoder(translation_model):
+    _, model = translation_model()
+    state = {"decoder.layers.0.self_attn.k_proj.weight": torch.zeros(1)}
+    with pytest.raises(RuntimeError, match="softmax-attention decoder"):
+        model.decoder.upgrade_state_dict_named(state, "decoder")
+
+
+def test_rfa_checkpoint_round_trip_keeps_random_features(translation_model, tmp_path):
+    _, model = translation_model("--rfa-gate")
+    path = tmp_path / "m.pt"
+    torch.save(model.state_dict(), path)
+    _, other = translation_model("--rfa-gate", "--seed", "7")
+    other.decoder.layers[0].self_attn.feature_map.redraw(seed=123)
+    other.load_state_dict(torch.load(path, weights_only=True))
+    for a, b in zip(model.decoder.layers, other.decoder.layers):
+        assert torch.equal(a.self_attn.feature_map.random_matrix, b.self_attn.feature_map.random_matrix)
+        assert torch.equal(a.encoder_attn.feature_map.random_matrix, b.encoder_attn.feature_map.random_matrix)

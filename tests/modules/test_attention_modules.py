@@ -1,0 +1,137 @@
+"""fairseq attention modules against the naive ops on their own projections, incremental state
+and beam reordering, and the random feature draw protocol."""
+import pytest
+import torch
+
+from rfa_fairseq.modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap
+from rfa_fairseq.modules.heads import merge_heads, split_heads
+from rfa_fairseq.ops import naive_causal_rfa, naive_cross_rfa
+
+C, H = 24, 3
+
+
+def fmap(module_id=0, D=40, kernel="gaussian"):
+    return RandomFeatureMap(H, C // H, D, kernel=kernel, module_id=module_id)
+
+
+def _left_pad_mask(lengths, T):
+    return torch.arange(T)[None, :] < (T - torch.tensor(lengths))[:, None]
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["rfa", "gate"])
+def test_causal_module_matches_naive_with_padding(gate):
+    torch.manual_seed(0)
+    attn = CausalRFAttention(C, H, fmap(), gate=gate, chunk_size=5).double().eval()
+    x = torch.randn(13, 4, C, dtype=torch.float64, requires_grad=True)
+    mask = _left_pad_mask([13, 9, 4, 1], 13)
+    out, weights = attn(x, x, x, key_padding_mask=mask)
+    assert weights is None
+    q, k, v, log_g = attn._project(x, mask)
+    ref = attn.out_proj(merge_heads(naive_causal_rfa(q, k, v, log_g)))
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    params = [p for p in attn.parameters() if p.requires_grad] + [x]
+    g1 = torch.autograd.grad(out.square().sum(), params)
+    g2 = torch.autograd.grad(ref.square().sum(), params)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9)
+
+
+def test_causal_module_rejects_cross_use():
+    attn = CausalRFAttention(C, H, fmap())
+    x, y = torch.randn(5, 2, C), torch.randn(7, 2, C)
+    with pytest.raises(ValueError, match="self-attention"):
+        attn(x, y, y)
+
+
+def test_cross_module_matches_naive_with_padding_and_weights():
+    torch.manual_seed(1)
+    attn = CrossRFAttention(C, H, fmap(1), kdim=16).double().eval()
+    query = torch.randn(6, 3, C, dtype=torch.float64)
+    enc = torch.randn(9, 3, 16, dtype=torch.float64)
+    mask = _left_pad_mask([9, 5, 2], 9)
+    out, w = attn(query, enc, enc, key_padding_mask=mask, need_weights=True)
+    q = attn.feature_map(split_heads(attn.q_proj(query), H))
+    k = attn.feature_map(split_heads(attn.k_proj(enc), H))
+    v = split_heads(attn.v_proj(enc), H)
+    ref = attn.out_proj(merge_heads(naive_cross_rfa(q, k, v, mask)))
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    assert w.shape == (3, 6, 9)
+    assert torch.all(w.masked_select(mask[:, None, :].expand_as(w)) == 0)
+    _, wh = attn(query, enc, enc, key_padding_mask=mask, need_head_weights=True)
+    assert wh.shape == (H, 3, 6, 9)
+    torch.testing.assert_close(wh.mean(0), w)
+
+
+def test_cross_incremental_beam_sharing_and_reorder():
+    torch.manual_seed(2)
+    beam, bsz, S = 3, 4, 7
+    attn = CrossRFAttention(C, H, fmap(1)).eval()
+    enc = torch.randn(S, bsz, C)
+    mask = _left_pad_mask([7, 3, 5, 6], S)
+    enc_b = enc.repeat_interleave(beam, dim=1)  # sentence-major, as fairseq's generator lays it out
+    mask_b = mask.repeat_interleave(beam, dim=0)
+    attn.set_beam_size(beam)
+    state = {}
+    with torch.no_grad():
+        steps = [torch.randn(1, bsz * beam, C) for _ in range(3)]
+        out0, _ = attn(steps[0], enc_b, enc_b, key_padding_mask=mask_b, incremental_state=state)
+        full0, _ = attn(steps[0], enc_b, enc_b, key_padding_mask=mask_b)
+        torch.testing.assert_close(out0, full0, rtol=1e-5, atol=1e-6)
+        saved = attn._get_input_buffer(state)
+        assert saved["S"].shape[0] == bsz  # one source summary per sentence, not per beam
+        S_before = saved["S"]
+        within = torch.arange(bsz * beam).view(bsz, beam).flip(1).reshape(-1)  # reorder beams inside sentences
+        attn.reorder_incremental_state(state, within)
+        assert attn._get_input_buffer(state)["S"] is S_before  # no copy
+        # drop sentence 1: the generator keeps rows of sentences 0, 2, 3 (with beams reordered)
+        keep = torch.tensor([0, 2, 3])
+        new_order = (keep[:, None] * beam + torch.tensor([2, 0, 1])[None, :]).reshape(-1)
+        attn.reorder_incremental_state(state, new_order)
+        q = steps[1][:, : len(new_order)]
+        out1, _ = attn(q, enc_b[:, new_order], enc_b[:, new_order], key_padding_mask=mask_b[new_order],
+                       incremental_state=state)
+        full1, _ = attn(q, enc_b[:, new_order], enc_b[:, new_order], key_padding_mask=mask_b[new_order])
+        torch.testing.assert_close(out1, full1, rtol=1e-5, atol=1e-6)
+        assert attn._get_input_buffer(state)["S"].shape[0] == 3
+
+
+def test_causal_incremental_reorder_follows_new_order():
+    torch.manual_seed(3)
+    attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
+    x = torch.randn(6, 4, C)
+    order = torch.tensor([2, 2, 0, 3])
+    with torch.no_grad():
+        state = {}
+        for t in range(5):
+            attn(x[t : t + 1], incremental_state=state)
+        attn.reorder_incremental_state(state, order)
+        step, _ = attn(x[5:6, order], incremental_state=state)
+        # reference: decode the reordered history from scratch
+        ref_state = {}
+        xs = x[:, order]
+        for t in range(6):
+            ref, _ = attn(xs[t : t + 1], incremental_state=ref_state)
+    torch.testing.assert_close(step, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_random_feature_draws_are_seeded_per_step_and_module():
+    torch.manual_seed(11)
+    a, b, c = fmap(0), fmap(0), fmap(1)
+    assert torch.equal(a.random_matrix, b.random_matrix)
+    assert not torch.equal(a.random_matrix, c.random_matrix)
+    x = torch.randn(2, H, 5, C // H)
+    a.train()
+    a.set_num_updates(1)
+    a(x)
+    first = a.random_matrix.clone()
+    a.set_num_updates(2)
+    a(x)
+    assert not torch.equal(first, a.random_matrix)
+    b.train()
+    b.set_num_updates(2)
+    b(x)
+    assert torch.equal(a.random_matrix, b.random_matrix), "same seed, step and module: same draw"
+    a.eval()
+    a.set_num_updates(3)
+    a(x)
+    assert torch.equal(a.random_matrix, b.random_matrix), "evaluation never redraws"
