@@ -87,6 +87,20 @@ class RFATransformerDecoder(TransformerDecoderBase):
             layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
         return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
 
+    def buffered_future_mask(self, tensor):
+        """RFA's causal attention is causal by construction; fairseq's T x T future mask would
+        only cost O(T^2) memory, so none is built."""
+        return None
+
+    def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                                    full_context_alignment: bool = False, alignment_layer=None,
+                                    alignment_heads=None):
+        if full_context_alignment:
+            raise NotImplementedError("RFA decoder self-attention is always causal: full_context_alignment "
+                                      "(alignment supervision) is not supported")
+        return super().extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
+                                                   full_context_alignment, alignment_layer, alignment_heads)
+
     def upgrade_state_dict_named(self, state_dict, name):
         state_dict = super().upgrade_state_dict_named(state_dict, name)
         prefix = f"{name}." if name else ""

@@ -63,6 +63,22 @@ class CrossRFAttention(nn.Module):
         """Called through the decoder by fairseq's SequenceGenerator."""
         self.beam_size = beam_size
 
+    def _rows_per_source(self, key: Tensor, key_padding_mask: Optional[Tensor], batch: int) -> int:
+        """``beam`` if the encoder output holds each sentence ``beam`` times in a row (fairseq's
+        generator layout), else 1. Checked once per source batch, so a caller that set a beam size
+        but passes other rows is still computed per row, correctly."""
+        beam = self.beam_size
+        if beam <= 1 or batch % beam != 0 or key.size(1) != batch:
+            return 1
+        grouped = key.reshape(key.size(0), batch // beam, beam, -1)
+        if not torch.equal(grouped, grouped[:, :, :1].expand_as(grouped)):
+            return 1
+        if key_padding_mask is not None:
+            m = key_padding_mask.reshape(batch // beam, beam, -1)
+            if not torch.equal(m, m[:, :1].expand_as(m)):
+                return 1
+        return beam
+
     def _source_state(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], rows: int,
                       keep_keys: bool) -> Dict[str, Optional[Tensor]]:
         if rows > 1:
@@ -109,8 +125,7 @@ class CrossRFAttention(nn.Module):
         if saved is None or (need_weights and "k" not in saved):
             if key is None:
                 raise ValueError("CrossRFAttention needs the encoder output on the first step")
-            rows = self.beam_size if (incremental_state is not None and self.beam_size > 1
-                                      and B % self.beam_size == 0 and key.size(1) == B) else 1
+            rows = self._rows_per_source(key, key_padding_mask, B) if incremental_state is not None else 1
             saved = self._source_state(key, value if value is not None else key, key_padding_mask, rows,
                                        keep_keys=need_weights)
             if incremental_state is not None:

@@ -135,3 +135,22 @@ def test_random_feature_draws_are_seeded_per_step_and_module():
     a.set_num_updates(3)
     a(x)
     assert torch.equal(a.random_matrix, b.random_matrix), "evaluation never redraws"
+
+
+def test_cross_beam_size_with_distinct_rows_falls_back_to_per_row_state():
+    torch.manual_seed(4)
+    attn = CrossRFAttention(C, H, fmap(1)).eval()
+    attn.set_beam_size(2)
+    enc = torch.randn(5, 4, C)  # four different sources, not beam copies
+    query = torch.randn(1, 4, C)
+    with torch.no_grad():
+        state = {}
+        out, _ = attn(query, enc, enc, incremental_state=state)
+        full, _ = attn(query, enc, enc)
+    assert attn._get_input_buffer(state)["S"].shape[0] == 4
+    torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-6)
+
+
+def test_decoder_builds_no_future_mask(translation_model):
+    _, model = translation_model()
+    assert model.decoder.buffered_future_mask(torch.zeros(4096, 1, 8)) is None
