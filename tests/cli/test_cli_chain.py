@@ -20,10 +20,12 @@ TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1500", "--no-pr
          "--cpu", "--num-workers", "0", "--seed", "3"]
 
 
-def run(tool, *args, cwd=None):
+def run(tool, *args, cwd=None, check=True):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.run([os.path.join(BIN, tool), *map(str, args)], cwd=cwd or REPO, env=env,
                           capture_output=True, text=True, timeout=300)
+    if not check:
+        return proc
     if proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc.stdout + proc.stderr
@@ -53,15 +55,41 @@ def test_translation_train_generate_resume(mt_data):
     ckpt = mt_data / "ckpt"
     log = run("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
               "--rfa-gate", "--share-all-embeddings", *TINY, *TRAIN, "--max-update", "4", "--save-dir", ckpt,
-              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1")
+              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+              "--save-interval-updates", "2")
     assert "RFATransformerModel" in log and "num_updates 4" in log
     assert (ckpt / "checkpoint_last.pt").exists()
+
+    # Checkpoint averaging: parameters averaged, random features from the newest checkpoint.
+    avg = ckpt / "avg.pt"
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "average_checkpoints.py"), "--inputs", str(ckpt),
+                    "--num-update-checkpoints", "2", "--output", str(avg)], check=True, capture_output=True)
+    import rfa_fairseq  # noqa: F401  (allow-list for weights_only loading)
+    a, b, m = (torch.load(p, map_location="cpu", weights_only=True)["model"]
+               for p in (ckpt / "checkpoint_1_2.pt", ckpt / "checkpoint_1_4.pt", avg))
+    key = "decoder.layers.0.self_attn.q_proj.weight"
+    torch.testing.assert_close(m[key], (a[key] + b[key]) / 2)
+    rm = "decoder.layers.0.self_attn.feature_map.random_matrix"
+    assert torch.equal(m[rm], b[rm]) and not torch.equal(a[rm], b[rm])
+    out = run("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", avg,
+              "--beam", "4", "--max-len-b", "12", "--batch-size", "12", "--required-batch-size-multiple", "1", "--cpu")
+    assert "Translated 12 sentences" in out
 
     out = run("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
               "--beam", "4", "--max-len-b", "12", "--batch-size", "5", "--required-batch-size-multiple", "1", "--cpu")
     hyps = [line for line in out.splitlines() if line.startswith("H-")]
     assert len(hyps) == 12
     assert re.search(r"Translated 12 sentences", out)
+
+    # Sources longer than the positions allowed: fairseq's own behaviour (stop with a message
+    # naming the option that skips them; with it, those sentences are skipped).
+    too_long = ["--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt", "--beam", "2", "--max-len-b", "5",
+                "--batch-size", "12", "--required-batch-size-multiple", "1", "--cpu", "--max-source-positions", "12"]
+    proc = run("fairseq-generate", mt_data / "bin", *too_long, check=False)
+    assert proc.returncode != 0 and "--skip-invalid-size-inputs-valid-test" in proc.stderr + proc.stdout
+    out = run("fairseq-generate", mt_data / "bin", *too_long, "--skip-invalid-size-inputs-valid-test")
+    kept = int(re.search(r"Translated (\d+) sentences", out).group(1))
+    assert 0 < kept < 12
 
     # Reload: training continues from checkpoint_last.pt (update 4) to update 6.
     log = run("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
