@@ -1,47 +1,15 @@
-"""Shared test helpers: tiny fairseq models built through fairseq's own argument parser."""
-import os
-import sys
-
+"""Fixtures shared by the tests (helpers live in rfa_test_utils.py)."""
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-
-TINY_MODEL = [
-    "--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-    "--decoder-attention-heads", "4", "--dropout", "0.0",
-    "--rfa-causal-feature-dim", "64", "--rfa-cross-feature-dim", "96", "--rfa-chunk-size", "8",
-]
-TINY_ENCODER = [
-    "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-    "--encoder-attention-heads", "4",
-]
-
-
-def _write_dict(path, size):
-    with open(path, "w") as f:
-        for i in range(size):
-            f.write(f"w{i} {1000 - i}\n")
-
-
-def build_from_cli(data_dir, args):
-    """Build (task, model, args) exactly as fairseq-train would, from command-line words."""
-    from fairseq import options, tasks
-
-    parser = options.get_training_parser()
-    parsed = options.parse_args_and_arch(parser, input_args=[str(data_dir), "--user-dir", os.path.join(REPO, "rfa_fairseq")] + args)
-    task = tasks.setup_task(parsed)
-    model = task.build_model(parsed)
-    return task, model, parsed
+from rfa_test_utils import TINY_ENCODER, TINY_MODEL, build_from_cli, write_dict
 
 
 @pytest.fixture
 def translation_model(tmp_path):
     """factory(*extra_args) -> (task, model) for a tiny rfa_transformer (vocab 50)."""
-    _write_dict(tmp_path / "dict.de.txt", 46)
-    _write_dict(tmp_path / "dict.en.txt", 46)
+    write_dict(tmp_path / "dict.de.txt", 46)
+    write_dict(tmp_path / "dict.en.txt", 46)
 
     def make(*extra, arch="rfa_transformer"):
         torch.manual_seed(0)
@@ -56,7 +24,7 @@ def translation_model(tmp_path):
 @pytest.fixture
 def lm_model(tmp_path):
     """factory(*extra_args) -> (task, model) for a tiny rfa_transformer_lm (vocab 50)."""
-    _write_dict(tmp_path / "dict.txt", 46)
+    write_dict(tmp_path / "dict.txt", 46)
 
     def make(*extra, arch="rfa_transformer_lm"):
         torch.manual_seed(0)
@@ -66,12 +34,4 @@ def lm_model(tmp_path):
         return task, model
 
     return make
-
-
-def random_tokens(dictionary, batch, length, generator=None):
-    """Tokens drawn from the dictionary's real words (no special symbols)."""
-    low = dictionary.nspecial
-    return torch.randint(low, len(dictionary), (batch, length), generator=generator)
-
-
 

@@ -8,7 +8,6 @@ with ``broadcast_buffers=False`` so that it cannot hide a mismatch by copying ra
 and 2-rank training on two halves of a batch must equal 1-process training on the whole batch.
 """
 import datetime
-import importlib.util
 import os
 import sys
 import traceback
@@ -34,16 +33,10 @@ def _setup_path():
 
 
 def _helpers():
-    """tests/conftest.py, loaded by path under its own name: a plain ``import conftest`` could
-    find another conftest module (pytest registers tests/ops/conftest.py under the same name)."""
     _setup_path()
-    name = "rfa_tests_conftest"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(TESTS, "conftest.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    import rfa_test_utils
+
+    return rfa_test_utils
 
 
 def _build_model(data_dir):
@@ -131,7 +124,7 @@ def _worker(rank, init_method, data_dir, out_dir):
 def lm_dict_dir(tmp_path):
     d = tmp_path / "data"
     d.mkdir()
-    _helpers()._write_dict(d / "dict.txt", 46)
+    _helpers().write_dict(d / "dict.txt", 46)
     return d
 
 

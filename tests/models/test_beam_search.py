@@ -4,7 +4,7 @@ import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
-from conftest import random_tokens
+from rfa_test_utils import random_tokens
 
 
 def _sample(task, batch=5, src_len=9, seed=0):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import random_tokens
+from rfa_test_utils import random_tokens
 
 VARIANTS = [
     pytest.param([], id="rfa"),

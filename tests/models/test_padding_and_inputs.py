@@ -5,7 +5,7 @@ import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
-from conftest import random_tokens
+from rfa_test_utils import random_tokens
 
 
 def _pad_batch(seqs, pad, left):

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import random_tokens
+from rfa_test_utils import random_tokens
 from rfa_fairseq.modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap
 from rfa_fairseq.modules.heads import merge_heads, split_heads
 from rfa_fairseq.ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state
