@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from rfa_test_utils import TINY_ENCODER, TINY_MODEL, build_from_cli, write_dict
+from rfa_test_utils import TINY_DECODER, TINY_ENCODER, TINY_MODEL, build_from_cli, write_dict
 
 
 @pytest.fixture
@@ -11,11 +11,13 @@ def translation_model(tmp_path):
     write_dict(tmp_path / "dict.de.txt", 46)
     write_dict(tmp_path / "dict.en.txt", 46)
 
-    def make(*extra, arch="rfa_transformer"):
+    def make(*extra, arch="rfa_transformer", rfa_flags=True):
+        """rfa_flags=False drops the --rfa-* sizes (for fairseq's own softmax architectures)."""
         torch.manual_seed(0)
+        model_args = TINY_MODEL if rfa_flags else TINY_DECODER
         task, model, _ = build_from_cli(
             tmp_path, ["--task", "translation", "--source-lang", "de", "--target-lang", "en",
-                       "--arch", arch] + TINY_ENCODER + TINY_MODEL + list(extra))
+                       "--arch", arch] + TINY_ENCODER + model_args + list(extra))
         return task, model
 
     return make

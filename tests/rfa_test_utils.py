@@ -11,11 +11,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-TINY_MODEL = [
+TINY_DECODER = [
     "--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
     "--decoder-attention-heads", "4", "--dropout", "0.0",
-    "--rfa-causal-feature-dim", "64", "--rfa-cross-feature-dim", "96", "--rfa-chunk-size", "8",
 ]
+TINY_RFA = ["--rfa-causal-feature-dim", "64", "--rfa-cross-feature-dim", "96", "--rfa-chunk-size", "8"]
+TINY_MODEL = TINY_DECODER + TINY_RFA
 TINY_ENCODER = [
     "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
     "--encoder-attention-heads", "4",

@@ -67,22 +67,3 @@ def test_unknown_kernel_rejected_by_parser(lm_model, capsys):
     with pytest.raises(SystemExit):
         lm_model("--rfa-kernel", "laplace")
     assert "--rfa-kernel" in capsys.readouterr().err
-
-
-def test_softmax_checkpoint_refused_by_rfa_decoder(translation_model):
-    _, model = translation_model()
-    state = {"decoder.layers.0.self_attn.k_proj.weight": torch.zeros(1)}
-    with pytest.raises(RuntimeError, match="softmax-attention decoder"):
-        model.decoder.upgrade_state_dict_named(state, "decoder")
-
-
-def test_rfa_checkpoint_round_trip_keeps_random_features(translation_model, tmp_path):
-    _, model = translation_model("--rfa-gate")
-    path = tmp_path / "m.pt"
-    torch.save(model.state_dict(), path)
-    _, other = translation_model("--rfa-gate", "--seed", "7")
-    other.decoder.layers[0].self_attn.feature_map.redraw(seed=123)
-    other.load_state_dict(torch.load(path, weights_only=True))
-    for a, b in zip(model.decoder.layers, other.decoder.layers):
-        assert torch.equal(a.self_attn.feature_map.random_matrix, b.self_attn.feature_map.random_matrix)
-        assert torch.equal(a.encoder_attn.feature_map.random_matrix, b.encoder_attn.feature_map.random_matrix)
