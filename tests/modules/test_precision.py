@@ -121,8 +121,9 @@ def test_16k_step_decoding_stays_finite_bounded_and_accurate(long_run_reference,
 # ----------------------------------------------------------------------------- (b) training steps
 
 
-def _train_step(kind, task, model, seed=0):
-    """Forward + backward on a random batch, as fairseq's cross-entropy criterion computes it.
+def _train_step(kind, task, model, seed=0, loss_scale=1.0):
+    """Forward + backward on a random batch, as fairseq's cross-entropy criterion computes it
+    (the backward of ``loss * loss_scale``, as fairseq's fp16 loss scaler does).
     Returns (loss, output dtype)."""
     g = torch.Generator().manual_seed(seed)
     if kind == "translation":
@@ -138,7 +139,7 @@ def _train_step(kind, task, model, seed=0):
         net = model(tokens[:, :-1])
     lprobs = model.get_normalized_probs(net, log_probs=True)
     loss = F.nll_loss(lprobs.reshape(-1, lprobs.size(-1)), target.reshape(-1))
-    loss.backward()
+    (loss * loss_scale).backward()
     return loss, net[0].dtype
 
 
@@ -210,17 +211,14 @@ class _ClampedFraction:
             h.remove()
 
 
-_MT_FP16_OVERFLOW = pytest.mark.xfail(strict=True, reason=(
-    "BUG: fp16 backward overflows to inf/NaN in the adversarial regime (sigma=20, denominator "
-    "clamped) for the translation model: the true gradient (fp32: ~2e5 at decoder.layers.0."
-    "self_attn.q_proj) exceeds fp16's 65504; it overflows where RandomFeatureMap.forward's "
-    "x.float() casts the fp32 feature-map input gradient back to fp16. Forward stays finite."))
+def _grads_finite(model):
+    return all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
 
 
 @pytest.mark.parametrize("kind,dtype", [
     pytest.param("lm", torch.float16, id="lm-fp16"),
     pytest.param("lm", torch.bfloat16, id="lm-bf16"),
-    pytest.param("translation", torch.float16, id="mt-fp16", marks=_MT_FP16_OVERFLOW),
+    pytest.param("translation", torch.float16, id="mt-fp16"),
     pytest.param("translation", torch.bfloat16, id="mt-bf16"),
 ])
 @pytest.mark.parametrize("gate", GATES)
@@ -232,10 +230,22 @@ def test_low_precision_training_step_with_clamped_denominators(kind, dtype, gate
         if isinstance(m, RandomFeatureMap):
             m.sigma.data.fill_(20.0)  # kernel exp(-400 |q - k|^2 / 2): ~0 off the diagonal
     probe = _ClampedFraction(model)
+    # In this regime the true gradient of the translation model exceeds fp16's range (fp32 shows
+    # ~2e5 at decoder.layers.0.self_attn.q_proj: two clamped layers, x100 each from 1/eps, x20 from
+    # sigma). No fp16 tensor can hold it; fairseq's --fp16 handles this with its dynamic loss
+    # scaler, which skips the overflowing step and halves the scale (down to --min-loss-scale
+    # 1e-4). Do the same and require a finite step at a scale fairseq would reach.
+    scale = 1.0
     try:
-        loss, out_dtype = _train_step(kind, task, model)
+        while True:
+            model.zero_grad(set_to_none=True)
+            loss, out_dtype = _train_step(kind, task, model, loss_scale=scale)
+            if dtype != torch.float16 or _grads_finite(model) or scale <= 1e-4:
+                break
+            scale /= 2
     finally:
         probe.remove()
+    assert dtype == torch.float16 or scale == 1.0, "bf16 needs no loss scaling"
     # The regime really is adversarial: the clamp is active at a large share of positions
     # (about half here; with sigma = 1 it is never active in these models).
     for name, fr in probe.fractions.items():

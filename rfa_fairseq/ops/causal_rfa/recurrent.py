@@ -38,7 +38,7 @@ def recurrent_causal_rfa_step(
     if state is None:
         S = kw.unsqueeze(-1) * vf.unsqueeze(-2)
         z = kw.clone()  # kw may be the caller's k; a later in-place step must not write into it
-    elif inplace:
+    elif inplace and state[0].dtype == acc:
         S, z = state
         if decay is not None:
             S.mul_(decay[..., None, None])
@@ -46,7 +46,7 @@ def recurrent_causal_rfa_step(
         S.add_(kw.unsqueeze(-1) * vf.unsqueeze(-2))
         z.add_(kw)
     else:
-        S, z = state
+        S, z = state[0].to(acc), state[1].to(acc)
         if decay is not None:
             S = S * decay[..., None, None]
             z = z * decay[..., None]
