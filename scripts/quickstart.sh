@@ -13,23 +13,11 @@ bash scripts/setup_env.sh
 if [ "${RFA_USE_CURRENT_ENV:-0}" != "1" ]; then . "${RFA_VENV:-$ROOT/.venv}/bin/activate"; fi
 MINUTES=${RFA_QUICKSTART_MINUTES:-8}
 WORK=${RFA_WORK:-$ROOT/work/quickstart}
-DATA=$ROOT/data/multi30k
 mkdir -p "$WORK"
 export PYTHONWARNINGS=ignore
 
-if [ ! -f "$WORK/bin/dict.en.txt" ]; then
-  echo "== 1/4 sentencepiece (joint, 6000 pieces) and fairseq-preprocess"
-  python scripts/sentencepiece_tool.py train --model-prefix "$WORK/spm" --vocab-size 6000 \
-    "$DATA/train.de.gz" "$DATA/train.en.gz"
-  for split in train valid test; do
-    python scripts/sentencepiece_tool.py encode --model "$WORK/spm.model" \
-      "$DATA/$split.de.gz" "$WORK/$split.spm.de" "$DATA/$split.en.gz" "$WORK/$split.spm.en"
-  done
-  gunzip -c "$DATA/test.en.gz" > "$WORK/test.ref.en"
-  fairseq-preprocess --source-lang de --target-lang en --joined-dictionary --workers 2 \
-    --trainpref "$WORK/train.spm" --validpref "$WORK/valid.spm" --testpref "$WORK/test.spm" \
-    --destdir "$WORK/bin" > "$WORK/preprocess.log"
-fi
+echo "== 1/4 sentencepiece (joint, 6000 pieces) and fairseq-preprocess"
+bash scripts/prepare_multi30k.sh "$WORK"
 
 echo "== 2/4 fairseq-train: rfa_transformer_iwslt_de_en --rfa-gate, small (2+2 layers, 256 dims), ${MINUTES} min"
 rm -rf "$WORK/checkpoints"
@@ -51,23 +39,7 @@ fairseq-generate "$WORK/bin" --user-dir rfa_fairseq --path "$WORK/checkpoints/ch
   --gen-subset test --beam 4 --batch-size 64 --max-len-a 1.2 --max-len-b 10 \
   --post-process sentencepiece --cpu \
   > "$WORK/generate.out" 2> "$WORK/generate.log"
-grep ^H- "$WORK/generate.out" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$WORK/test.hyp.en"
 
-echo "== 4/4 results"
-python - "$WORK" <<'PY'
-import re, sys
-import sacrebleu
-work = sys.argv[1]
-hyp = open(f"{work}/test.hyp.en", encoding="utf-8").read().splitlines()
-ref = open(f"{work}/test.ref.en", encoding="utf-8").read().splitlines()
-metric = sacrebleu.BLEU(force=True)  # the references are tokenised by design (Multi30k tok)
-bleu = metric.corpus_score(hyp, [ref])
-log = open(f"{work}/generate.log", encoding="utf-8").read()
-speed = re.search(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s \(([\d.]+) sentences/s, ([\d.]+) tokens/s\)", log)
-print(f"sacreBLEU (test, {len(hyp)} sentences, tokenised lower-cased references): {bleu.score:.2f}")
-print(f"  signature: {metric.get_signature()}")
-if speed:
-    print(f"decoding: {speed.group(1)} sentences, {speed.group(2)} tokens in {speed.group(3)} s "
-          f"= {speed.group(5)} tokens/s, {speed.group(4)} sentences/s (beam 4, batch 64, CPU)")
-PY
-echo "outputs: $WORK (train.log, generate.out, test.hyp.en)"
+echo "== 4/4 results (sacreBLEU against the tokenised lower-cased references)"
+python scripts/score_translation.py "$WORK/generate.out" "$WORK/generate.log" "$WORK/test.ref.en"
+echo "outputs: $WORK (train.log, generate.out)"
