@@ -2,14 +2,14 @@
 # Multi30k de-en (the small stand-in for IWSLT14): softmax vs RFA vs RFA-Gate, the same small
 # model (2+2 layers, 256 dims, 4 heads, FFN 512, joint sentencepiece 6000) and the same budget
 # (a fixed number of updates), then beam-4 decoding of the 1,000 test sentences.
-#   bash results/multi30k.sh               # UPDATES=1200 SEED=1 by default; writes results/multi30k.jsonl
+#   bash results/multi30k.sh               # UPDATES=600 SEED=1 by default; writes results/multi30k.jsonl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 bash scripts/setup_env.sh >/dev/null
 . "${RFA_VENV:-$ROOT/.venv}/bin/activate"
 export PYTHONWARNINGS=ignore
-UPDATES=${UPDATES:-1200}
+UPDATES=${UPDATES:-600}
 SEED=${SEED:-1}
 WORK=${RFA_WORK:-$ROOT/work/results/multi30k}
 OUT=${OUT:-$ROOT/results/multi30k.jsonl}
@@ -38,7 +38,7 @@ for variant in ${VARIANTS:-softmax rfa rfa_gate}; do
     > "$ckpt/train.log" 2>&1
   train_s=$(( $(date +%s) - start ))
   echo "   trained in ${train_s}s; decoding"
-  fairseq-generate "$WORK/data/bin" "${arch[@]:0:${#arch[@]}}" --path "$ckpt/checkpoint_last.pt" \
+  fairseq-generate "$WORK/data/bin" --user-dir rfa_fairseq --path "$ckpt/checkpoint_last.pt" \
     --gen-subset test --beam 4 --batch-size 64 --max-len-a 1.2 --max-len-b 10 \
     --post-process sentencepiece --cpu > "$ckpt/generate.out" 2> "$ckpt/generate.log"
   python scripts/score_translation.py "$ckpt/generate.out" "$ckpt/generate.log" "$WORK/data/test.ref.en" \

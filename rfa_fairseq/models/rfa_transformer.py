@@ -3,6 +3,8 @@
 fairseq's TransformerModel with a softmax encoder and an RFA decoder (causal RFA or RFA-Gate
 self-attention, RFA cross attention), as in the paper's machine translation experiments.
 """
+import argparse
+
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
@@ -13,6 +15,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_fr_big,
     transformer_wmt_en_de,
 )
+from omegaconf import OmegaConf
 
 from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
 from .rfa_decoder import RFATransformerDecoder
@@ -34,6 +37,10 @@ class RFATransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        if not isinstance(args, argparse.Namespace):
+            # fairseq-hydra-train passes a DictConfig; fairseq's TransformerConfig.from_namespace
+            # keeps unknown (rfa_*) keys only from a Namespace, so convert (the config is flat).
+            args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         rfa_base_architecture(args)
         rfa_config_from(args)  # validate the --rfa-* flags before building anything
         check_heads(args.decoder_embed_dim, args.decoder_attention_heads,

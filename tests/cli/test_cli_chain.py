@@ -21,7 +21,7 @@ TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1500", "--no-pr
 
 
 def run(tool, *args, cwd=None, check=True):
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     proc = subprocess.run([os.path.join(BIN, tool), *map(str, args)], cwd=cwd or REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     if not check:

@@ -39,7 +39,7 @@ ARGS = [
 
 
 def run(tool, *args):
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
     proc = subprocess.run([os.path.join(BIN, tool), *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
