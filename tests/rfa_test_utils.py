@@ -2,7 +2,9 @@
 
 (A module of its own, not conftest.py: pytest registers every conftest.py under the same name,
 so ``from conftest import ...`` could pick tests/ops/conftest.py.)"""
+import gzip
 import os
+import subprocess
 import sys
 
 import torch
@@ -10,6 +12,8 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
+USER_DIR = os.path.join(REPO, "rfa_fairseq")
+BIN = os.path.dirname(sys.executable)
 
 TINY_DECODER = [
     "--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
@@ -44,3 +48,26 @@ def random_tokens(dictionary, batch, length, generator=None):
     """Tokens drawn from the dictionary's real words (no special symbols)."""
     low = dictionary.nspecial
     return torch.randint(low, len(dictionary), (batch, length), generator=generator)
+
+
+def run_cli(tool, *args, check=True):
+    """Run a fairseq command line from the venv (single-threaded: tiny models on a shared CPU).
+    Returns its output, or the CompletedProcess with ``check=False``."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    proc = subprocess.run([os.path.join(BIN, tool), *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    if not check:
+        return proc
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise AssertionError(f"{tool} failed ({proc.returncode}):\n{out[-4000:]}")
+    return out
+
+
+def head_gz(src, dst, n):
+    """The first ``n`` lines of a gzip text file, written to ``dst``."""
+    with gzip.open(src, "rt", encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as out:
+        for i, line in enumerate(f):
+            if i >= n:
+                break
+            out.write(line)

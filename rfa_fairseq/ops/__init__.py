@@ -13,3 +13,10 @@ from .feature_maps import (
     l2_normalize,
     sample_random_matrix,
 )
+
+__all__ = [
+    "chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa_step",
+    "cross_rfa_apply", "cross_rfa_state", "cross_rfa_weights", "naive_cross_rfa",
+    "DEFAULT_EPS", "guarded_ratio",
+    "KERNELS", "RANDOM_MATRICES", "feature_map", "feature_size", "l2_normalize", "sample_random_matrix",
+]

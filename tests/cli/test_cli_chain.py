@@ -1,6 +1,5 @@
 """The fairseq command lines with --user-dir: preprocess, train, generate (beam), resume from a
 checkpoint, and the language-model chain with fairseq-eval-lm. Tiny models on shipped data."""
-import gzip
 import math
 import os
 import re
@@ -10,9 +9,8 @@ import sys
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-USER_DIR = os.path.join(REPO, "rfa_fairseq")
-BIN = os.path.dirname(sys.executable)
+from rfa_test_utils import REPO, USER_DIR, head_gz, run_cli
+
 TINY = ["--encoder-layers", "1", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
         "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
@@ -20,32 +18,13 @@ TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1500", "--no-pr
          "--cpu", "--num-workers", "0", "--seed", "3"]
 
 
-def run(tool, *args, cwd=None, check=True):
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = subprocess.run([os.path.join(BIN, tool), *map(str, args)], cwd=cwd or REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    if not check:
-        return proc
-    if proc.returncode != 0:
-        raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc.stdout + proc.stderr
-
-
-def _head(src, dst, n):
-    with gzip.open(src, "rt", encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as out:
-        for i, line in enumerate(f):
-            if i >= n:
-                break
-            out.write(line)
-
-
 @pytest.fixture(scope="module")
 def mt_data(tmp_path_factory):
     d = tmp_path_factory.mktemp("mt")
     for split, n in (("train", 300), ("valid", 40), ("test", 12)):
         for lang in ("de", "en"):
-            _head(os.path.join(REPO, "data", "multi30k", f"{split}.{lang}.gz"), d / f"{split}.{lang}", n)
-    run("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
+            head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.{lang}.gz"), d / f"{split}.{lang}", n)
+    run_cli("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
         "--trainpref", d / "train", "--validpref", d / "valid", "--testpref", d / "test",
         "--destdir", d / "bin", "--thresholdsrc", "2", "--workers", "1")
     return d
@@ -53,7 +32,7 @@ def mt_data(tmp_path_factory):
 
 def test_translation_train_generate_resume(mt_data):
     ckpt = mt_data / "ckpt"
-    log = run("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
+    log = run_cli("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
               "--rfa-gate", "--share-all-embeddings", *TINY, *TRAIN, "--max-update", "4", "--save-dir", ckpt,
               "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
               "--save-interval-updates", "2")
@@ -71,11 +50,11 @@ def test_translation_train_generate_resume(mt_data):
     torch.testing.assert_close(m[key], (a[key] + b[key]) / 2)
     rm = "decoder.layers.0.self_attn.feature_map.random_matrix"
     assert torch.equal(m[rm], b[rm]) and not torch.equal(a[rm], b[rm])
-    out = run("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", avg,
+    out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", avg,
               "--beam", "4", "--max-len-b", "12", "--batch-size", "12", "--required-batch-size-multiple", "1", "--cpu")
     assert "Translated 12 sentences" in out
 
-    out = run("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
+    out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
               "--beam", "4", "--max-len-b", "12", "--batch-size", "5", "--required-batch-size-multiple", "1", "--cpu")
     hyps = [line for line in out.splitlines() if line.startswith("H-")]
     assert len(hyps) == 12
@@ -85,14 +64,14 @@ def test_translation_train_generate_resume(mt_data):
     # naming the option that skips them; with it, those sentences are skipped).
     too_long = ["--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt", "--beam", "2", "--max-len-b", "5",
                 "--batch-size", "12", "--required-batch-size-multiple", "1", "--cpu", "--max-source-positions", "12"]
-    proc = run("fairseq-generate", mt_data / "bin", *too_long, check=False)
+    proc = run_cli("fairseq-generate", mt_data / "bin", *too_long, check=False)
     assert proc.returncode != 0 and "--skip-invalid-size-inputs-valid-test" in proc.stderr + proc.stdout
-    out = run("fairseq-generate", mt_data / "bin", *too_long, "--skip-invalid-size-inputs-valid-test")
+    out = run_cli("fairseq-generate", mt_data / "bin", *too_long, "--skip-invalid-size-inputs-valid-test")
     kept = int(re.search(r"Translated (\d+) sentences", out).group(1))
     assert 0 < kept < 12
 
     # Reload: training continues from checkpoint_last.pt (update 4) to update 6.
-    log = run("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
+    log = run_cli("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
               "--rfa-gate", "--share-all-embeddings", *TINY, *TRAIN, "--max-update", "6", "--save-dir", ckpt,
               "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1")
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt .*\(epoch \d+ @ 4 updates\)", log)
@@ -103,7 +82,7 @@ def test_checkpoint_loads_with_weights_only(mt_data):
     """fairseq checkpoints load under torch's safe unpickler once rfa_fairseq is imported, and
     only because of its allow-list (a fresh interpreter without it refuses the same file)."""
     ckpt = mt_data / "ckpt_wo"
-    run("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer", *TINY, *TRAIN,
+    run_cli("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer", *TINY, *TRAIN,
         "--max-update", "1", "--save-dir", ckpt, "--no-epoch-checkpoints")
     path = str(ckpt / "checkpoint_last.pt")
     code = "import sys, torch{imp}; torch.load(sys.argv[1], map_location='cpu', weights_only=True); print('LOADED')"
@@ -117,18 +96,18 @@ def test_checkpoint_loads_with_weights_only(mt_data):
 
 def test_language_model_train_and_eval_lm(tmp_path):
     for split, n in (("train", 400), ("valid", 40), ("test", 40)):
-        _head(os.path.join(REPO, "data", "multi30k", f"{split}.en.gz"), tmp_path / f"{split}.txt", n)
-    run("fairseq-preprocess", "--only-source", "--trainpref", tmp_path / "train.txt",
+        head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.en.gz"), tmp_path / f"{split}.txt", n)
+    run_cli("fairseq-preprocess", "--only-source", "--trainpref", tmp_path / "train.txt",
         "--validpref", tmp_path / "valid.txt", "--testpref", tmp_path / "test.txt",
         "--destdir", tmp_path / "bin", "--workers", "1")
     ckpt = tmp_path / "ckpt"
-    log = run("fairseq-train", tmp_path / "bin", "--task", "language_modeling", "--user-dir", USER_DIR,
+    log = run_cli("fairseq-train", tmp_path / "bin", "--task", "language_modeling", "--user-dir", USER_DIR,
               "--arch", "rfa_transformer_lm", "--rfa-gate", "--tokens-per-sample", "64",
               "--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
               "--decoder-attention-heads", "4", "--rfa-chunk-size", "16", *TRAIN, "--max-update", "5",
               "--save-dir", ckpt)
     assert "RFATransformerLanguageModel" in log and "num_updates 5" in log
-    out = run("fairseq-eval-lm", tmp_path / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
+    out = run_cli("fairseq-eval-lm", tmp_path / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
               "--gen-subset", "test", "--tokens-per-sample", "64", "--max-tokens", "2048", "--cpu")
     m = re.search(r"Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)", out)
     assert m, out[-2000:]

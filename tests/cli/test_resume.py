@@ -7,19 +7,15 @@ saved there) and the same command with --max-update 7 resumes from it. Dropout i
 per-update RNG state matters too. Validation is off (it is not what is tested, and it keeps the
 test fast); checkpoints are still written every 3 updates and when training stops.
 """
-import gzip
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-USER_DIR = os.path.join(REPO, "rfa_fairseq")
-BIN = os.path.dirname(sys.executable)
+from rfa_test_utils import REPO, USER_DIR, head_gz, run_cli
+
 STOP, FINAL = 3, 7
 TRAIN_PAIRS = 300  # with --max-tokens 500: 13 updates per epoch, so updates 1..7 are all in epoch 1
 # Logged fields that depend on wall-clock time, not on the computation.
@@ -38,16 +34,6 @@ ARGS = [
 ]
 
 
-def run(tool, *args):
-    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = subprocess.run([os.path.join(BIN, tool), *map(str, args)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        raise AssertionError(f"{tool} failed ({proc.returncode}):\n{out[-4000:]}")
-    return out
-
-
 def train_records(log):
     """The per-update json records of fairseq-train (log interval 1), keyed by num_updates."""
     records = {}
@@ -63,28 +49,20 @@ def load(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def _head(src, dst, n):
-    with gzip.open(src, "rt", encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as out:
-        for i, line in enumerate(f):
-            if i >= n:
-                break
-            out.write(line)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("resume")
     for lang in ("de", "en"):
-        _head(os.path.join(REPO, "data", "multi30k", f"train.{lang}.gz"), d / f"train.{lang}", TRAIN_PAIRS)
-    run("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
+        head_gz(os.path.join(REPO, "data", "multi30k", f"train.{lang}.gz"), d / f"train.{lang}", TRAIN_PAIRS)
+    run_cli("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
         "--trainpref", d / "train", "--destdir", d / "bin",
         "--thresholdsrc", "2", "--workers", "1")
 
-    log_a = run("fairseq-train", d / "bin", *ARGS, "--max-update", FINAL, "--save-dir", d / "A")
-    log_b1 = run("fairseq-train", d / "bin", *ARGS, "--max-update", STOP, "--save-dir", d / "B")
+    log_a = run_cli("fairseq-train", d / "bin", *ARGS, "--max-update", FINAL, "--save-dir", d / "A")
+    log_b1 = run_cli("fairseq-train", d / "bin", *ARGS, "--max-update", STOP, "--save-dir", d / "B")
     # Snapshot of the interrupted run's checkpoint_last before the resumed run overwrites it.
     stopped = load(d / "B" / "checkpoint_last.pt")
-    log_b2 = run("fairseq-train", d / "bin", *ARGS, "--max-update", FINAL, "--save-dir", d / "B")
+    log_b2 = run_cli("fairseq-train", d / "bin", *ARGS, "--max-update", FINAL, "--save-dir", d / "B")
     return {"dir": d, "A": log_a, "B1": log_b1, "B2": log_b2, "stopped": stopped}
 
 

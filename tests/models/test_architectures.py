@@ -2,11 +2,9 @@
 import argparse
 
 import pytest
-import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
 import rfa_fairseq  # noqa: F401  (registers the architectures)
-from rfa_test_utils import build_from_cli
 
 DIMS = ["encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_layers", "encoder_attention_heads",
         "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads",

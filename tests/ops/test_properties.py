@@ -15,7 +15,6 @@ through the seed). ``derandomize=True`` makes every run test the same examples.
 """
 import math
 
-import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st

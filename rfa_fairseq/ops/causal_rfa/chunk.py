@@ -12,7 +12,6 @@ differences are masked to -inf above the diagonal *before* ``exp``, so every exp
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F_
 from torch import Tensor
 
 from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
