@@ -43,7 +43,7 @@ def recurrent_causal_rfa_step(
         if decay is not None:
             S.mul_(decay[..., None, None])
             z.mul_(decay[..., None])
-        S.add_(kw.unsqueeze(-1) * vf.unsqueeze(-2))
+        S.addcmul_(kw.unsqueeze(-1), vf.unsqueeze(-2))  # no [B, H, F, K] temporary
         z.add_(kw)
     else:
         S, z = state[0].to(acc), state[1].to(acc)
@@ -52,6 +52,6 @@ def recurrent_causal_rfa_step(
             z = z * decay[..., None]
         S = S + kw.unsqueeze(-1) * vf.unsqueeze(-2)
         z = z + kw
-    num = torch.einsum("bhf,bhfk->bhk", qf, S)
-    den = torch.einsum("bhf,bhf->bh", qf, z)
+    num = (qf.unsqueeze(-2) @ S).squeeze(-2)
+    den = (qf * z).sum(-1)
     return guarded_ratio(num, den, eps, v.dtype), (S, z)
