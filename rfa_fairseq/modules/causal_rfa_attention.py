@@ -69,8 +69,11 @@ class CausalRFAttention(nn.Module):
             init_projection(self.gate_proj)
 
     def _project(self, x: Tensor, key_padding_mask: Optional[Tensor]):
-        q = self.feature_map(split_heads(self.q_proj(x), self.num_heads))
-        k = self.feature_map(split_heads(self.k_proj(x), self.num_heads))
+        # One feature-map call for queries and keys (they share the map): half the small ops.
+        T = x.size(0)
+        qk = self.feature_map(torch.cat([split_heads(self.q_proj(x), self.num_heads),
+                                         split_heads(self.k_proj(x), self.num_heads)], dim=2))
+        q, k = qk[:, :, :T], qk[:, :, T:]
         v = split_heads(self.v_proj(x), self.num_heads)
         log_g = None
         if self.gate_proj is not None:
@@ -128,15 +131,39 @@ class CausalRFAttention(nn.Module):
                     q, k, v, log_g, initial_state=state, output_final_state=True,
                     eps=self.eps, chunk_size=self.chunk_size,
                 )
-            self.set_incremental_state(incremental_state, self.STATE_KEY, {"S": state[0], "z": state[1]})
+            new = {"S": state[0], "z": state[1]}
+            if saved is not None and "spare_S" in saved:  # keep the reorder's spare buffers
+                new.update(spare_S=saved["spare_S"], spare_z=saved["spare_z"])
+            self.set_incremental_state(incremental_state, self.STATE_KEY, new)
         return self.out_proj(merge_heads(out)), None
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        """Beam search: select the rows of (S, z) that the surviving hypotheses continue."""
+        """Beam search: select the rows of (S, z) that the surviving hypotheses continue.
+
+        Without autograd the rows are gathered into a spare pair of buffers kept in the state
+        (then the two pairs swap roles), so a decoding step allocates no new state-sized memory.
+        On CPU a fresh multi-MiB tensor per layer and step costs more in page faults than the
+        copy itself. The identity order (beam size 1) copies nothing.
+        """
         saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
-        if saved is not None:
-            saved = {name: t.index_select(0, new_order) for name, t in saved.items()}
-            self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
+        if saved is None:
+            return incremental_state
+        S, z = saved["S"], saved["z"]
+        rows = S.size(0)
+        if new_order.numel() == rows and torch.equal(new_order, torch.arange(rows, device=new_order.device)):
+            return incremental_state
+        spare_S, spare_z = saved.get("spare_S"), saved.get("spare_z")
+        if torch.is_grad_enabled() or new_order.numel() != rows or spare_S is None:
+            # First reorder, a batch that shrank, or autograd: fresh tensors (the spare pair is
+            # (re)made from the old ones when the shapes match, so later steps stop allocating).
+            new = {"S": S.index_select(0, new_order), "z": z.index_select(0, new_order)}
+            if not (torch.is_grad_enabled() or S.requires_grad) and new_order.numel() == rows:
+                new.update(spare_S=S, spare_z=z)
+        else:
+            torch.index_select(S, 0, new_order, out=spare_S)
+            torch.index_select(z, 0, new_order, out=spare_z)
+            new = {"S": spare_S, "z": spare_z, "spare_S": S, "spare_z": z}
+        self.set_incremental_state(incremental_state, self.STATE_KEY, new)
         return incremental_state
 
     # fairseq's decoder layer reads these on MultiheadAttention; keep the same names.

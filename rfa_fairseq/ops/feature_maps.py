@@ -66,10 +66,11 @@ def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
 
 
 def _project(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
-    # w_i = sigma * omega_i (element-wise), so w_i . x = omega_i . (sigma * x).
+    # w_i = sigma * omega_i (element-wise): scale the [H, D, K] matrix rather than every input
+    # row (einsum batches over heads without expanding the matrix per batch row).
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    x = x.to(acc) * sigma.to(acc)[:, None, :]
-    return torch.einsum("bhtk,hdk->bhtd", x, random_matrix.to(acc))
+    w = random_matrix.to(acc) * sigma.to(acc).unsqueeze(1)
+    return torch.einsum("bhtk,hdk->bhtd", x.to(acc), w)
 
 
 def random_fourier_features(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:

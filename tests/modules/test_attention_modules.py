@@ -114,6 +114,53 @@ def test_causal_incremental_reorder_follows_new_order():
     torch.testing.assert_close(step, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_causal_reorders_over_many_steps_follow_the_histories(grad):
+    """Beam-search-like decoding: a reorder after every step (permutations with repeated rows,
+    the identity, and finally a batch that shrinks). Each row's output must equal a from-scratch
+    decode of the history that row now continues. Without autograd the reorder writes into
+    spare buffers that swap roles; they must never alias the live state."""
+    torch.manual_seed(5)
+    attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
+    N, steps = 4, 9
+    x = torch.randn(steps, N, C)
+    orders = [torch.tensor(o) for o in ([1, 1, 0, 3], [0, 1, 2, 3], [3, 3, 3, 0], [2, 0, 1, 1],
+                                        [0, 1, 2, 3], [1, 2, 2, 0], [3, 2, 1, 0], [0, 0, 3])]
+    history = [[i] for i in range(N)]  # history[row] = the input columns of x that row has seen
+    with torch.set_grad_enabled(grad):
+        state = {}
+        for t in range(steps):
+            rows = len(history)
+            out, _ = attn(x[t : t + 1, :rows], incremental_state=state)
+            for r in range(rows):
+                ref_state, cols = {}, history[r] + [r]
+                for s, col in enumerate(cols[1:]):
+                    ref, _ = attn(x[s : s + 1, col : col + 1], incremental_state=ref_state)
+                torch.testing.assert_close(out[:, r : r + 1], ref, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m: f"step {t}, row {r}: {m}")
+            buf = attn._get_input_buffer(state)
+            # spares exist from the first reorder on, until the batch shrinks (after step 7)
+            assert ("spare_S" in buf) == (not grad and 1 <= t <= 7), f"step {t}: {sorted(buf)}"
+            if "spare_S" in buf:
+                assert buf["spare_S"].data_ptr() != buf["S"].data_ptr()
+                assert buf["spare_z"].data_ptr() != buf["z"].data_ptr()
+            if t < len(orders):
+                order = orders[t]
+                history = [history[o] + [o] for o in order.tolist()]
+                attn.reorder_incremental_state(state, order)
+                assert attn._get_input_buffer(state)["S"].shape[0] == order.numel()
+
+
+def test_causal_identity_reorder_copies_nothing():
+    attn = CausalRFAttention(C, H, fmap()).eval()
+    with torch.no_grad():
+        state = {}
+        attn(torch.randn(1, 3, C), incremental_state=state)
+        S = attn._get_input_buffer(state)["S"]
+        attn.reorder_incremental_state(state, torch.arange(3))
+        assert attn._get_input_buffer(state)["S"] is S
+
+
 def test_random_feature_draws_are_seeded_per_step_and_module():
     torch.manual_seed(11)
     a, b, c = fmap(0), fmap(0), fmap(1)

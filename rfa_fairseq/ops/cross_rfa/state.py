@@ -36,11 +36,14 @@ def cross_rfa_apply(q: Tensor, state: Tuple[Tensor, Tensor], eps: float = DEFAUL
 
     Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
     S, z = state
-    qg = _group(q.to(S.dtype), S.shape[0])  # [Bs, beam, H, Tq, F]
-    num = torch.einsum("sbhtf,shfk->sbhtk", qg, S)
-    den = torch.einsum("sbhtf,shf->sbht", qg, z)
-    out = guarded_ratio(num, den, eps, out_dtype or q.dtype)
-    return out.reshape(q.shape[0], *out.shape[2:])
+    Bs, H, Fd, K = S.shape
+    B, _, Tq, _ = q.shape
+    # [B, H, Tq, F] -> [Bs, H, beam * Tq, F]: the rows of one source's beams as one matmul.
+    qg = _group(q.to(S.dtype), Bs).transpose(1, 2).reshape(Bs, H, -1, Fd)
+    num = torch.matmul(qg, S)
+    den = torch.matmul(qg, z.unsqueeze(-1)).squeeze(-1)
+    out = guarded_ratio(num, den, eps, out_dtype or q.dtype)  # [Bs, H, beam * Tq, K]
+    return out.reshape(Bs, H, B // Bs, Tq, K).transpose(1, 2).reshape(B, H, Tq, K)
 
 
 def cross_rfa_weights(
