@@ -1,121 +1,260 @@
 #!/usr/bin/env python
-"""Translation decoding speed: fairseq's softmax transformer vs RFA and RFA-Gate, side by side.
+"""Decoding speed and memory: fairseq's softmax transformer vs RFA and RFA-Gate, side by side.
 
-fairseq's SequenceGenerator, beam 4, transformer-base sized models (6+6 layers, 512 dims,
-8 heads, FFN 2048, a 32k joined vocabulary, random weights), the target length forced to each
-length (min_len = max_len). Prints, per length and model: generated tokens/s (sentences x length
-/ time, median over repeats), the ratio to softmax, and the bytes held in the incremental state
-at the end. Writes JSON with --out.
+fairseq's SequenceGenerator with the output length forced (min_len = max_len), random weights
+(speed does not depend on them), the same dimensions for every model:
 
-    python bench/decode_speed.py --lengths 32 128 512 --batch 2 --repeats 3 --out bench/decode_cpu.json
+- ``--task translation``: ``transformer_wmt_en_de`` vs ``rfa_transformer_wmt_en_de`` with and
+  without ``--rfa-gate`` (6+6 layers, 512 dims, 8 heads, FFN 2048, a 32k joined vocabulary,
+  shared embeddings), a batch of ``--batch`` source sentences of ``--src-len`` tokens, beam 4.
+- ``--task lm``: ``transformer_lm`` vs ``rfa_transformer_lm`` (same 6 x 512 decoder, 32k
+  vocabulary, shared input/output embedding), continuing a ``--prefix-len`` token prompt.
+
+Per model and length: generated tokens/s (sentences x length / seconds, the median over
+``--repeats``; one warm-up run per model), the ratio to softmax, the peak memory of the run
+above what was resident before it (see bench/common.py), and the bytes held in the incremental
+state at the end. Runs that would take too long are measured once (``--single-run-seconds``) or
+skipped (``--max-seconds``), predicted from the previous length; both are recorded.
+
+    python bench/decode_speed.py --task translation --out bench/results/decode_translation.json
+    python bench/decode_speed.py --task lm --lengths 128 512 2048 8192 --batch 1 --beam 1 \\
+        --out bench/results/decode_lm.json
 
 Measure on a quiet machine: the ratios come from one run, the absolute numbers hold only there.
 """
 import argparse
-import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from bench.common import USER_DIR, PeakMemory, fake_dictionary, machine_info, median, timed, write_json  # noqa: E402
+
+BASE_DIMS = ["--decoder-embed-dim", "512", "--decoder-ffn-embed-dim", "2048", "--decoder-layers", "6",
+             "--decoder-attention-heads", "8"]
+TINY_DIMS = ["--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--decoder-layers", "2",
+             "--decoder-attention-heads", "4"]
+TINY_ENCODER = ["--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encoder-layers", "2",
+                "--encoder-attention-heads", "4"]
 
 MODELS = {
-    "softmax": ["--arch", "transformer_wmt_en_de"],
-    "rfa": ["--arch", "rfa_transformer_wmt_en_de"],
-    "rfa_gate": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate"],
+    "translation": {
+        "softmax": ["--arch", "transformer_wmt_en_de"],
+        "rfa": ["--arch", "rfa_transformer_wmt_en_de"],
+        "rfa_gate": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate"],
+    },
+    "lm": {
+        "softmax": ["--arch", "transformer_lm"] + BASE_DIMS,
+        "rfa": ["--arch", "rfa_transformer_lm"] + BASE_DIMS,
+        "rfa_gate": ["--arch", "rfa_transformer_lm", "--rfa-gate"] + BASE_DIMS,
+    },
 }
 
 
-def build(arch_args, data_dir, max_len):
+def build(task_name, arch_args, data_dir, max_len, tiny=False):
     from fairseq import options, tasks
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, input_args=[
-        data_dir, "--user-dir", os.path.join(REPO, "rfa_fairseq"), "--task", "translation",
-        "--source-lang", "src", "--target-lang", "tgt", "--share-all-embeddings",
-        "--max-target-positions", str(max_len + 16), "--dropout", "0.0"] + arch_args)
+    common = [data_dir, "--user-dir", USER_DIR, "--dropout", "0.0"]
+    if task_name == "translation":
+        extra = ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
+                 "--share-all-embeddings", "--max-target-positions", str(max_len + 16)]
+        if tiny:
+            extra += TINY_DIMS + TINY_ENCODER
+    else:
+        extra = ["--task", "language_modeling", "--share-decoder-input-output-embed",
+                 "--tokens-per-sample", str(max_len + 16)]
+        if tiny:
+            arch_args = [a for a in arch_args if a not in BASE_DIMS[1::2] and a not in BASE_DIMS[::2]]
+            arch_args = arch_args + TINY_DIMS
+    args = options.parse_args_and_arch(parser, input_args=common + extra + arch_args)
     task = tasks.setup_task(args)
     return task, task.build_model(args).eval()
 
 
-def state_bytes(state):
-    return sum(t.numel() * t.element_size() for buf in state.values() for t in buf.values() if t is not None)
-
-
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
-    p.add_argument("--batch", type=int, default=2, help="source sentences per batch")
-    p.add_argument("--src-len", type=int, default=24)
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--models", nargs="+", default=list(MODELS))
-    p.add_argument("--out")
-    args = p.parse_args()
-    from fairseq.sequence_generator import SequenceGenerator
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tmp = tempfile.mkdtemp()
-    for lang in ("src", "tgt"):
-        with open(os.path.join(tmp, f"dict.{lang}.txt"), "w") as f:
-            f.writelines(f"w{i} 1\n" for i in range(32000 - 4))
-    torch.manual_seed(0)
-    rows = []
-    for name in args.models:
-        task, model = build(MODELS[name], tmp, max(args.lengths))
-        model.to(device)
+def make_sample(task_name, task, batch, src_len, prefix_len, device):
+    if task_name == "translation":
         d = task.source_dictionary
-        src = torch.randint(d.nspecial, len(d), (args.batch, args.src_len))
+        src = torch.randint(d.nspecial, len(d), (batch, src_len))
         src[:, -1] = d.eos()
-        sample = {"id": torch.arange(args.batch), "net_input": {
-            "src_tokens": src.to(device), "src_lengths": torch.full((args.batch,), args.src_len, device=device)}}
-        captured = {}
+        lengths = torch.full((batch,), src_len)
+    else:
+        d = task.target_dictionary
+        src = torch.randint(d.nspecial, len(d), (batch, prefix_len))
+        lengths = torch.full((batch,), prefix_len)
+    return {"id": torch.arange(batch), "net_input": {"src_tokens": src.to(device), "src_lengths": lengths.to(device)}}
+
+
+def state_bytes(state):
+    total = 0
+    for buf in state.values():
+        for t in buf.values():
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
+class StateSpy:
+    """Keeps a reference to the incremental state the generator passes to the decoder."""
+
+    def __init__(self, model):
+        self.state = None
         original = model.decoder.forward
 
         def spy(*a, **kw):
-            out = original(*a, **kw)
-            captured["state"] = kw.get("incremental_state")
-            return out
+            self.state = kw.get("incremental_state")
+            return original(*a, **kw)
 
         model.decoder.forward = spy
-        for length in args.lengths:
-            gen = SequenceGenerator([model], task.target_dictionary, beam_size=args.beam,
-                                    max_len_a=0, max_len_b=length, min_len=length)
-            times = []
-            with torch.inference_mode():
-                for _ in range(args.repeats + 1):  # the first run warms up
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    t = time.perf_counter()
-                    gen.forward(sample)
-                    if device == "cuda":
-                        torch.cuda.synchronize()
-                    times.append(time.perf_counter() - t)
-            sec = statistics.median(times[1:])
-            rows.append({"model": name, "length": length, "seconds": sec,
-                         "tokens_per_s": args.batch * length / sec,
-                         "state_bytes": state_bytes(captured["state"])})
-            print(f"{name:9s} length {length:5d}: {rows[-1]['tokens_per_s']:8.1f} tokens/s, "
-                  f"state {rows[-1]['state_bytes'] / 2**20:8.2f} MiB", flush=True)
-    base = {r["length"]: r["tokens_per_s"] for r in rows if r["model"] == "softmax"}
+
+
+def generate_fn(task_name, task, model, sample, beam, length, prefix_len):
+    from fairseq.sequence_generator import SequenceGenerator
+
+    if task_name == "translation":
+        gen = SequenceGenerator([model], task.target_dictionary, beam_size=beam,
+                                max_len_a=0, max_len_b=length, min_len=length)
+        return lambda: gen.generate([model], sample)
+    # LM: the prompt is forced as a prefix, then `length` new tokens are generated.
+    total = prefix_len + length
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=beam,
+                            max_len_a=0, max_len_b=total, min_len=total)
+    prefix = sample["net_input"]["src_tokens"]
+    empty = {"id": sample["id"], "net_input": {
+        "src_tokens": prefix[:, :0], "src_lengths": torch.zeros_like(sample["net_input"]["src_lengths"])}}
+    return lambda: gen.generate([model], empty, prefix_tokens=prefix)
+
+
+def predict(measured, length, model):
+    """Seconds of one run at `length` from the runs measured so far [(length, seconds)].
+
+    RFA: linear in the length. Softmax: a step costs a + b * t at position t, so a run costs
+    a L + b L^2 / 2; fitted through the last two points (with one point, all quadratic: an
+    upper bound)."""
+    if not measured:
+        return 0.0
+    (l1, s1) = measured[-1]
+    if model != "softmax":
+        return s1 * length / l1
+    if len(measured) == 1:
+        return s1 * (length / l1) ** 2
+    (l0, s0) = measured[-2]
+    # s = a l + c l^2 through (l0, s0), (l1, s1)
+    c = (s1 / l1 - s0 / l0) / (l1 - l0)
+    a = s1 / l1 - c * l1
+    if c <= 0 or a <= 0:
+        return s1 * (length / l1) ** 2
+    return a * length + c * length ** 2
+
+
+def run(args):
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tmp = fake_dictionary(tempfile.mkdtemp(), args.vocab)
+    rows = []
+    for name in args.models:
+        torch.manual_seed(0)
+        task, model = build(args.task, MODELS[args.task][name], tmp, max(args.lengths) + args.prefix_len,
+                            tiny=args.tiny)
+        model.to(device)
+        spy = StateSpy(model)
+        sample = make_sample(args.task, task, args.batch, args.src_len, args.prefix_len, device)
+        measured = []
+        with torch.inference_mode():
+            generate_fn(args.task, task, model, sample, args.beam, min(args.lengths), args.prefix_len)()  # warm-up
+            for length in args.lengths:
+                row = {"task": args.task, "model": name, "length": length, "batch": args.batch, "beam": args.beam}
+                guess = predict(measured, length, name)
+                if guess > args.max_seconds:
+                    row["skipped"] = f"predicted {guess:.0f} s per run > --max-seconds {args.max_seconds:g}"
+                    print(f"{name:9s} length {length:5d}: skipped ({row['skipped']})", flush=True)
+                    rows.append(row)
+                    continue
+                fn = generate_fn(args.task, task, model, sample, args.beam, length, args.prefix_len)
+                repeats = args.repeats if guess * args.repeats <= args.single_run_seconds else 1
+                with PeakMemory(device) as mem:
+                    times = timed(fn, device, repeats=1, warmup=0)
+                if repeats > 1:
+                    times += timed(fn, device, repeats=repeats - 1, warmup=0)
+                sec = median(times)
+                measured.append((length, sec))
+                row.update(seconds=sec, runs=len(times), all_seconds=times,
+                           tokens_per_s=args.batch * length / sec,
+                           ms_per_step=1000 * sec / length,
+                           peak_bytes=mem.peak_bytes, state_bytes=state_bytes(spy.state))
+                rows.append(row)
+                peak = "n/a" if mem.peak_bytes is None else f"{mem.peak_bytes / 2**20:8.1f} MiB"
+                print(f"{name:9s} length {length:5d}: {row['tokens_per_s']:8.1f} tokens/s ({len(times)} runs), "
+                      f"peak {peak}, state {row['state_bytes'] / 2**20:8.2f} MiB", flush=True)
+        del model, spy
+    add_ratios(rows)
+    return {"meta": dict(machine_info(device), args=vars(args)), "rows": rows}
+
+
+def add_ratios(rows):
+    base = {r["length"]: r for r in rows if r["model"] == "softmax" and "tokens_per_s" in r}
     for r in rows:
-        if r["length"] in base:
-            r["ratio_to_softmax"] = r["tokens_per_s"] / base[r["length"]]
-    print("\nratio to softmax (tokens/s):")
+        b = base.get(r["length"])
+        if b is not None and "tokens_per_s" in r:
+            r["speed_ratio_to_softmax"] = r["tokens_per_s"] / b["tokens_per_s"]
+            if r.get("peak_bytes") is not None and b.get("peak_bytes"):
+                r["peak_ratio_to_softmax"] = r["peak_bytes"] / b["peak_bytes"]
+    by_model = {}
     for r in rows:
-        if r["model"] != "softmax" and "ratio_to_softmax" in r:
-            print(f"  {r['model']:9s} length {r['length']:5d}: {r['ratio_to_softmax']:.2f}x")
+        if "tokens_per_s" in r:
+            by_model.setdefault(r["model"], {})[r["length"]] = r
+    for model, per_len in by_model.items():
+        first = per_len[min(per_len)]
+        for r in per_len.values():
+            # cost per generated token relative to the shortest length measured
+            r["step_cost_vs_shortest"] = first["tokens_per_s"] / r["tokens_per_s"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=["translation", "lm"], default="translation")
+    p.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512, 2048, 4096])
+    p.add_argument("--batch", type=int, default=2, help="source sentences (translation) or prompts (lm)")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--src-len", type=int, default=24, help="source tokens per sentence (translation)")
+    p.add_argument("--prefix-len", type=int, default=16, help="prompt tokens (lm)")
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--single-run-seconds", type=float, default=120.0,
+                   help="measure a length only once if its repeats would take longer than this")
+    p.add_argument("--max-seconds", type=float, default=900.0,
+                   help="skip a length whose single run is predicted to take longer than this")
+    p.add_argument("--models", nargs="+", default=["softmax", "rfa", "rfa_gate"], choices=["softmax", "rfa", "rfa_gate"])
+    p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--tiny", action="store_true", help="tiny models (for tests of this script)")
+    p.add_argument("--out", help="write the results as JSON here")
+    args = p.parse_args(argv)
+    if args.task == "lm" and args.prefix_len < 1:
+        p.error("--prefix-len must be at least 1 for --task lm")
+    if min(args.lengths) < 1 or args.batch < 1 or args.beam < 1 or args.repeats < 1:
+        p.error("--lengths, --batch, --beam and --repeats must be positive")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    result = run(args)
+    print("\nratio to softmax (tokens/s), peak memory ratio:")
+    for r in result["rows"]:
+        if r["model"] != "softmax" and "speed_ratio_to_softmax" in r:
+            peak = r.get("peak_ratio_to_softmax")
+            print(f"  {r['model']:9s} length {r['length']:5d}: {r['speed_ratio_to_softmax']:.2f}x"
+                  + ("" if peak is None else f", peak memory {100 * peak:.1f}% of softmax"))
     if args.out:
-        meta = {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
-                "threads": torch.get_num_threads(), "torch": torch.__version__, "args": vars(args)}
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        write_json(args.out, result["meta"], result["rows"])
+    return result
 
 
 if __name__ == "__main__":

@@ -87,15 +87,18 @@ def chunk_causal_rfa(
         intra = attn @ vf
         b_last = b[..., -1:]
         chunk_kv = (kw * torch.exp(b_last - b).to(acc).unsqueeze(-1)).transpose(-1, -2) @ vf
-        chunk_decay = torch.exp(b_last).to(acc).unsqueeze(-1)  # [B, H, N, 1, 1]
-        states = []
-        S = state0
-        for n in range(N):
-            states.append(S)
-            S = chunk_decay[:, :, n] * S + chunk_kv[:, :, n]
-        before = torch.stack(states, dim=2)
+        # The state entering chunk n (n = 0..N; n = N is the final state) in one matmul rather
+        # than a loop over chunks: with p_n = sum of the log-decays of chunks < n (fp64),
+        # S_n = sum_{m < n} exp(p_n - p_{m+1}) chunk_kv_m + exp(p_n) S_0. Exponents are masked
+        # to -inf where m >= n before exp, so every factor is in [0, 1].
+        p = torch.nn.functional.pad(torch.cumsum(b_last.squeeze(-1), dim=-1), (1, 0))  # [B, H, N+1]
+        strictly_before = torch.ones(N + 1, N, dtype=torch.bool, device=q.device).tril(-1)
+        weights = torch.exp((p.unsqueeze(-1) - p[..., 1:].unsqueeze(-2)).masked_fill(~strictly_before, float("-inf")))
+        states = (weights.to(acc) @ chunk_kv.flatten(-2)).view(B, H, N + 1, Fd, K + 1)
+        if initial_state is not None:
+            states = states + torch.exp(p).to(acc)[..., None, None] * state0.unsqueeze(2)
+        before, final = states[:, :, :N], states[:, :, N]
         o = intra + (qf * torch.exp(b).to(acc).unsqueeze(-1)) @ before
-        final = S
 
     o = o.reshape(B, H, N * C, K + 1)[:, :, :T]
     out = guarded_ratio(o[..., :K], o[..., K], eps, v.dtype)

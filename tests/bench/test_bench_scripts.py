@@ -1,0 +1,113 @@
+"""The benchmark scripts run end to end at tiny sizes and record what docs/benchmarks.md reports.
+
+Speed is not asserted here (a timed unit test is noise); what is asserted are the properties
+that hold whatever the machine: RFA's incremental state has the same size at every length
+while softmax's grows, the rows carry the fields the report and the plot read, the SDPA
+baseline computes the same function as fairseq's attention, and the report and figure render.
+"""
+import json
+
+import pytest
+import torch
+
+from bench import chunk_size, decode_speed, plot, profile_decode, report, train_speed
+
+TINY_DECODE = ["--tiny", "--vocab", "60", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def decode_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    results = {}
+    for task in ("translation", "lm"):
+        path = out / f"decode_{task}.json"
+        decode_speed.main(["--task", task, "--lengths", "3", "12", "40", "--out", str(path)] + TINY_DECODE)
+        results[task] = path
+    return results
+
+
+@pytest.mark.parametrize("task", ["translation", "lm"])
+def test_decode_bench_state_is_constant_for_rfa_and_grows_for_softmax(decode_results, task):
+    data = json.loads(decode_results[task].read_text())
+    rows = data["rows"]
+    assert data["meta"]["args"]["task"] == task
+    assert {r["model"] for r in rows} == {"softmax", "rfa", "rfa_gate"}
+    state = {(r["model"], r["length"]): r["state_bytes"] for r in rows}
+    for model in ("rfa", "rfa_gate"):
+        sizes = {state[(model, n)] for n in (3, 12, 40)}
+        assert len(sizes) == 1, f"{model}: state bytes change with the length: {sizes}"
+    assert state[("softmax", 3)] < state[("softmax", 12)] < state[("softmax", 40)]
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["runs"] == 1
+        assert r["speed_ratio_to_softmax"] == pytest.approx(
+            r["tokens_per_s"] / next(b["tokens_per_s"] for b in rows
+                                     if b["model"] == "softmax" and b["length"] == r["length"]))
+
+
+def test_decode_bench_skips_runs_predicted_too_long(tmp_path):
+    path = tmp_path / "d.json"
+    decode_speed.main(["--task", "lm", "--lengths", "4", "400", "--max-seconds", "1e-9", "--models", "rfa",
+                       "--out", str(path)] + TINY_DECODE)
+    rows = json.loads(path.read_text())["rows"]
+    assert "tokens_per_s" in rows[0]
+    assert "skipped" in rows[1] and "--max-seconds" in rows[1]["skipped"]
+
+
+def test_decode_bench_rejects_bad_arguments():
+    with pytest.raises(SystemExit):
+        decode_speed.parse_args(["--lengths", "0"])
+
+
+def test_train_bench_sdpa_baseline_is_the_same_function():
+    dims = dict(layers=2, embed_dim=32, heads=4, ffn_dim=64, vocab=60)
+    assert train_speed.check_sdpa_matches_fairseq(dims, length=17, device="cpu") <= 1e-4
+
+
+def test_train_and_chunk_benches_write_rows(tmp_path):
+    path = tmp_path / "train.json"
+    train_speed.main(["--tiny", "--lengths", "16", "32", "--repeats", "1", "--threads", "1", "--out", str(path)])
+    rows = json.loads(path.read_text())["rows"]
+    assert {r["variant"] for r in rows} == {"softmax", "sdpa", "rfa", "rfa_gate"}
+    assert all(r["seconds"] > 0 and r["tokens"] == r["batch"] * r["length"] for r in rows)
+    assert all("ratio_to_softmax" in r and "ratio_to_sdpa" in r for r in rows)
+
+    cpath = tmp_path / "chunk.json"
+    chunk_size.main(["--tiny", "--lengths", "32", "--repeats", "1", "--threads", "1", "--out", str(cpath)])
+    crows = json.loads(cpath.read_text())["rows"]
+    assert {r["mode"] for r in crows} == {"train", "infer"}
+    assert all(r["ms"] > 0 for r in crows)
+
+
+def test_profile_shares_cover_the_whole_step(tmp_path):
+    rows = profile_decode.main(["--tiny", "--vocab", "60", "--lengths", "6", "--threads", "1"])
+    for r in rows:
+        shares = r["share_by_component"]
+        assert set(shares) == set(profile_decode.COMPONENTS)
+        assert all(s >= 0 for s in shares.values())
+        # every component is timed inside the whole generation, so they add up to (at most) 1
+        assert sum(shares.values()) == pytest.approx(1.0, abs=0.02)
+        assert shares["self-attention"] > 0 and shares["FFN"] > 0
+
+
+def test_report_and_figure_render(decode_results, tmp_path):
+    md = tmp_path / "report.md"
+    report.main(["--translation", str(decode_results["translation"]), "--lm", str(decode_results["lm"]),
+                 "--out", str(md)])
+    text = md.read_text()
+    assert "### Translation decoding" in text and "### LM decoding" in text
+    assert text.count("| 40 |") == 2  # one row per length in each table
+    png = tmp_path / "fig.png"
+    plot.main(["--translation", str(decode_results["translation"]), "--lm", str(decode_results["lm"]),
+               "--out", str(png)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_peak_memory_probe_sees_an_allocation():
+    from bench.common import PeakMemory
+
+    with PeakMemory("cpu") as mem:
+        x = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        del x
+    if mem.peak_bytes is None:
+        pytest.skip("this kernel does not allow resetting the peak RSS (/proc/self/clear_refs)")
+    assert mem.peak_bytes >= 60 * 2**20
