@@ -1,13 +1,16 @@
 """Shared pieces of the benchmarks: the machine description, peak-memory probes, timing.
 
-Peak memory:
-- CUDA: ``torch.cuda.max_memory_allocated`` since a reset (tensors only).
-- CPU: the process's resident-set high-water mark (VmHWM), reset through
-  ``/proc/self/clear_refs`` (Linux), minus the resident set at the reset. That is real memory
-  as the OS sees it: tensors plus allocator slack, without the model weights already resident.
-  Before the reset glibc's ``malloc_trim`` hands freed heap memory back to the OS, so memory a
-  previous run freed but the allocator kept cannot hide this run's growth. Where the reset is
-  unavailable the probe reports None rather than a wrong number.
+Peak memory (``PeakMemory``), in bytes above what was allocated when the measurement began
+(so the model weights are not counted):
+- CUDA: ``torch.cuda.max_memory_allocated`` since a reset (tensors only, exact).
+- CPU: the larger of two probes. (1) The process's resident-set high-water mark (VmHWM),
+  reset through ``/proc/self/clear_refs``, above the resident set at the reset; glibc's
+  ``malloc_trim`` runs first so that memory freed by an earlier run is handed back. (2) The
+  bytes malloc has handed out and not taken back (glibc ``mallinfo2``: heap in use plus
+  mmapped blocks), sampled around every module call of the models given to ``watch`` (and
+  as each parameter gradient is produced), and at the start and end. (1) misses memory that
+  the allocator reuses without the OS seeing it; (2) misses transients between samples; each
+  is a lower bound, and both are recorded. Where neither is available the result is None.
 """
 import ctypes
 import json
@@ -65,12 +68,61 @@ def _malloc_trim():
         pass
 
 
-class PeakMemory:
-    """``with PeakMemory(device) as m: ...``; then ``m.peak_bytes`` (None if unmeasurable)."""
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
-    def __init__(self, device: str):
+
+try:
+    _libc = ctypes.CDLL("libc.so.6")
+    _libc.mallinfo2.restype = _MallInfo2
+except (OSError, AttributeError):
+    _libc = None
+
+
+def malloc_live_bytes() -> Optional[int]:
+    """Bytes currently handed out by glibc malloc (in-use heap + mmapped blocks), or None."""
+    if _libc is None:
+        return None
+    info = _libc.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+class PeakMemory:
+    """``with PeakMemory(device, watch=[model]) as m: ...``; then ``m.peak_bytes`` (None if
+    unmeasurable), plus ``m.peak_rss_bytes`` and ``m.peak_live_bytes`` on CPU."""
+
+    def __init__(self, device: str, watch=()):
         self.device = device
         self.peak_bytes: Optional[int] = None
+        self.peak_rss_bytes: Optional[int] = None
+        self.peak_live_bytes: Optional[int] = None
+        self._active = False
+        self._handles = []
+        if device != "cuda":
+            for model in watch:
+                self.watch(model)
+
+    def watch(self, model: torch.nn.Module):
+        """Sample live bytes before and after every submodule call and at every parameter gradient."""
+        sample = lambda *args: self.sample()  # noqa: E731
+        for module in model.modules():
+            self._handles.append(module.register_forward_pre_hook(sample))
+            self._handles.append(module.register_forward_hook(sample))
+        for p in model.parameters():
+            if p.requires_grad:
+                self._handles.append(p.register_hook(lambda grad: self.sample()))
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def sample(self):
+        if self._active and self._live_base is not None:
+            live = malloc_live_bytes()
+            if live > self._live_max:
+                self._live_max = live
 
     def __enter__(self):
         if self.device == "cuda":
@@ -78,22 +130,32 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats()
             self._base = torch.cuda.memory_allocated()
         else:
+            _malloc_trim()
             try:
-                _malloc_trim()
                 with open("/proc/self/clear_refs", "w") as f:
                     f.write("5")  # reset the peak RSS to the current RSS
                 self._base = _status_kib("VmRSS") * 1024
             except (OSError, TypeError):
                 self._base = None
+            self._live_base = malloc_live_bytes()
+            self._live_max = self._live_base
+            self._active = True
         return self
 
     def __exit__(self, *exc):
         if self.device == "cuda":
             torch.cuda.synchronize()
             self.peak_bytes = torch.cuda.max_memory_allocated() - self._base
-        elif self._base is not None:
+            return False
+        self.sample()
+        self._active = False
+        if self._base is not None:
             hwm = _status_kib("VmHWM")
-            self.peak_bytes = None if hwm is None else max(hwm * 1024 - self._base, 0)
+            self.peak_rss_bytes = None if hwm is None else max(hwm * 1024 - self._base, 0)
+        if self._live_base is not None:
+            self.peak_live_bytes = self._live_max - self._live_base
+        probes = [b for b in (self.peak_rss_bytes, self.peak_live_bytes) if b is not None]
+        self.peak_bytes = max(probes) if probes else None
         return False
 
 

@@ -11,9 +11,9 @@ fairseq's SequenceGenerator with the output length forced (min_len = max_len), r
   vocabulary, shared input/output embedding), continuing a ``--prefix-len`` token prompt.
 
 Per model and length: generated tokens/s (sentences x length / seconds, the median over
-``--repeats``; one warm-up run per model), the ratio to softmax, the peak memory of the run
-above what was resident before it (see bench/common.py), and the bytes held in the incremental
-state at the end. Runs that would take too long are measured once (``--single-run-seconds``) or
+``--repeats``; one warm-up run per model), the ratio to softmax, the peak memory of the first
+run above what was resident before it (bench/common.py), and the bytes held in the
+incremental state at the end. Runs that would take too long are measured once (``--single-run-seconds``) or
 skipped (``--max-seconds``), predicted from the previous length; both are recorded.
 
     python bench/decode_speed.py --task translation --out bench/results/decode_translation.json
@@ -23,6 +23,7 @@ skipped (``--max-seconds``), predicted from the previous length; both are record
 Measure on a quiet machine: the ratios come from one run, the absolute numbers hold only there.
 """
 import argparse
+import gc
 import os
 import sys
 import tempfile
@@ -178,6 +179,10 @@ def run(args):
                     continue
                 fn = generate_fn(args.task, task, model, sample, args.beam, length, args.prefix_len)
                 repeats = args.repeats if guess * args.repeats <= args.single_run_seconds else 1
+                spy.state = None  # let the previous run's state go before the baseline is taken
+                gc.collect()
+                # No per-module sampling hooks here: they cost ~8% of a decoding step. The RSS
+                # probe is exact enough once the previous run's state is gone (see above).
                 with PeakMemory(device) as mem:
                     times = timed(fn, device, repeats=1, warmup=0)
                 if repeats > 1:
@@ -187,7 +192,8 @@ def run(args):
                 row.update(seconds=sec, runs=len(times), all_seconds=times,
                            tokens_per_s=args.batch * length / sec,
                            ms_per_step=1000 * sec / length,
-                           peak_bytes=mem.peak_bytes, state_bytes=state_bytes(spy.state))
+                           peak_bytes=mem.peak_bytes, peak_rss_bytes=mem.peak_rss_bytes,
+                           peak_live_bytes=mem.peak_live_bytes, state_bytes=state_bytes(spy.state))
                 rows.append(row)
                 peak = "n/a" if mem.peak_bytes is None else f"{mem.peak_bytes / 2**20:8.1f} MiB"
                 print(f"{name:9s} length {length:5d}: {row['tokens_per_s']:8.1f} tokens/s ({len(times)} runs), "

@@ -76,12 +76,13 @@ def profile(model, gen_fn, device):
             timers.hook_module(layer.encoder_attn, "cross-attention")
         timers.hook_module(layer.fc1, "FFN")
         timers.hook_module(layer.fc2, "FFN")
-    timers.hook_module(dec, "decoder")
+    # The generator calls decoder.forward and encoder.forward_torchscript directly (no hooks fire).
+    timers.wrap(dec, "forward", "decoder")
     timers.wrap(dec, "output_layer", "output projection")
     timers.wrap(model, "get_normalized_probs", "log-softmax")
     timers.wrap(dec, "reorder_incremental_state_scripting", "state reorder")
     if getattr(model, "encoder", None) is not None:
-        timers.hook_module(model.encoder, "encoder")
+        timers.wrap(model.encoder, "forward_torchscript", "encoder")
     sync(device)
     t = time.perf_counter()
     gen_fn()

@@ -219,8 +219,9 @@ def measure(model, tokens, target, device, autocast_dtype, repeats):
         (feats.float() * target).sum().backward()
 
     release_memory(device)
-    with PeakMemory(device) as mem:
+    with PeakMemory(device, watch=[model]) as mem:
         times = timed(step, device, repeats, warmup=1)
+    mem.remove()
     for p in params:
         p.grad = None
     return times, mem.peak_bytes

@@ -151,6 +151,30 @@ def test_causal_reorders_over_many_steps_follow_the_histories(grad):
                 assert attn._get_input_buffer(state)["S"].shape[0] == order.numel()
 
 
+def test_causal_reorder_after_a_multi_token_prefix():
+    """A prefix fed in one call (chunked form, its final state is a view of one buffer), then
+    reorders and single steps: still each row continues the right history."""
+    torch.manual_seed(8)
+    attn = CausalRFAttention(C, H, fmap(), gate=True, chunk_size=2).eval()
+    x = torch.randn(7, 3, C)
+    orders = [torch.tensor([2, 2, 0]), torch.tensor([1, 0, 0]), torch.tensor([0, 2, 1])]
+    with torch.no_grad():
+        state = {}
+        attn(x[:4], incremental_state=state)
+        cols = [[r] * 4 for r in range(3)]  # cols[r][s]: the column of x row r saw at step s
+        for t, order in zip(range(4, 7), orders):
+            attn.reorder_incremental_state(state, order)
+            cols = [cols[o] for o in order.tolist()]
+            out, _ = attn(x[t : t + 1], incremental_state=state)
+            for r in range(3):
+                ref_state = {}
+                for s, col in enumerate(cols[r] + [r]):
+                    ref, _ = attn(x[s : s + 1, col : col + 1], incremental_state=ref_state)
+                torch.testing.assert_close(out[:, r : r + 1], ref, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m: f"step {t}, row {r}: {m}")
+            cols = [c + [r] for r, c in enumerate(cols)]
+
+
 def test_causal_identity_reorder_copies_nothing():
     attn = CausalRFAttention(C, H, fmap()).eval()
     with torch.no_grad():
