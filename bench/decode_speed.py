@@ -11,7 +11,7 @@ fairseq's SequenceGenerator with the output length forced (min_len = max_len), r
   vocabulary, shared input/output embedding), continuing a ``--prefix-len`` token prompt.
 
 Per model and length: generated tokens/s (sentences x length / seconds, the median over
-``--repeats``; one warm-up run per model), the ratio to softmax, the peak memory of the first
+``--repeats``, the models taking turns run by run; one warm-up run per model), the ratio to softmax, the peak memory of the first
 run above what was resident before it (bench/common.py), and the bytes held in the
 incremental state at the end. Runs that would take too long are measured once (``--single-run-seconds``) or
 skipped (``--max-seconds``), predicted from the previous length; both are recorded.
@@ -153,52 +153,73 @@ def predict(measured, length, model):
     return a * length + c * length ** 2
 
 
+class Contender:
+    """One model under test, with what its runs need."""
+
+    def __init__(self, name, args, data_dir, device):
+        torch.manual_seed(0)
+        self.name = name
+        self.task, self.model = build(args.task, MODELS[args.task][name], data_dir,
+                                      max(args.lengths) + args.prefix_len, tiny=args.tiny)
+        self.model.to(device)
+        self.spy = StateSpy(self.model)
+        self.sample = make_sample(args.task, self.task, args.batch, args.src_len, args.prefix_len, device)
+        self.measured = []  # (length, median seconds)
+
+    def generator(self, args, length):
+        return generate_fn(args.task, self.task, self.model, self.sample, args.beam, length, args.prefix_len)
+
+
 def run(args):
+    """Lengths in order; at each length the models take turns run by run (softmax, rfa, rfa_gate,
+    softmax, ...), so a slow spell of a shared machine hits every model rather than one."""
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
     tmp = fake_dictionary(tempfile.mkdtemp(), args.vocab)
+    contenders = [Contender(name, args, tmp, device) for name in args.models]
     rows = []
-    for name in args.models:
-        torch.manual_seed(0)
-        task, model = build(args.task, MODELS[args.task][name], tmp, max(args.lengths) + args.prefix_len,
-                            tiny=args.tiny)
-        model.to(device)
-        spy = StateSpy(model)
-        sample = make_sample(args.task, task, args.batch, args.src_len, args.prefix_len, device)
-        measured = []
-        with torch.inference_mode():
-            generate_fn(args.task, task, model, sample, args.beam, min(args.lengths), args.prefix_len)()  # warm-up
-            for length in args.lengths:
-                row = {"task": args.task, "model": name, "length": length, "batch": args.batch, "beam": args.beam}
-                guess = predict(measured, length, name)
+    with torch.inference_mode():
+        for c in contenders:
+            c.generator(args, min(args.lengths))()  # warm-up
+        for length in args.lengths:
+            plan = {}
+            for c in contenders:
+                row = {"task": args.task, "model": c.name, "length": length, "batch": args.batch, "beam": args.beam}
+                rows.append(row)
+                guess = predict(c.measured, length, c.name)
                 if guess > args.max_seconds:
                     row["skipped"] = f"predicted {guess:.0f} s per run > --max-seconds {args.max_seconds:g}"
-                    print(f"{name:9s} length {length:5d}: skipped ({row['skipped']})", flush=True)
-                    rows.append(row)
+                    print(f"{c.name:9s} length {length:5d}: skipped ({row['skipped']})", flush=True)
                     continue
-                fn = generate_fn(args.task, task, model, sample, args.beam, length, args.prefix_len)
                 repeats = args.repeats if guess * args.repeats <= args.single_run_seconds else 1
-                spy.state = None  # let the previous run's state go before the baseline is taken
-                gc.collect()
-                # No per-module sampling hooks here: they cost ~8% of a decoding step. The RSS
-                # probe is exact enough once the previous run's state is gone (see above).
-                with PeakMemory(device) as mem:
-                    times = timed(fn, device, repeats=1, warmup=0)
-                if repeats > 1:
-                    times += timed(fn, device, repeats=repeats - 1, warmup=0)
+                plan[c.name] = dict(c=c, row=row, fn=c.generator(args, length), repeats=repeats, times=[])
+            for rep in range(max([p["repeats"] for p in plan.values()], default=0)):
+                for name, p in plan.items():
+                    if rep >= p["repeats"]:
+                        continue
+                    if rep == 0:
+                        # The first run also measures memory: without the previous run's state
+                        # alive, and without per-module sampling hooks (they cost ~8% of a step).
+                        p["c"].spy.state = None
+                        gc.collect()
+                        with PeakMemory(device) as mem:
+                            p["times"] += timed(p["fn"], device, repeats=1, warmup=0)
+                        p["mem"] = mem
+                    else:
+                        p["times"] += timed(p["fn"], device, repeats=1, warmup=0)
+            for name, p in plan.items():
+                c, row, times, mem = p["c"], p["row"], p["times"], p["mem"]
                 sec = median(times)
-                measured.append((length, sec))
+                c.measured.append((length, sec))
                 row.update(seconds=sec, runs=len(times), all_seconds=times,
                            tokens_per_s=args.batch * length / sec,
                            ms_per_step=1000 * sec / length,
                            peak_bytes=mem.peak_bytes, peak_rss_bytes=mem.peak_rss_bytes,
-                           peak_live_bytes=mem.peak_live_bytes, state_bytes=state_bytes(spy.state))
-                rows.append(row)
+                           peak_live_bytes=mem.peak_live_bytes, state_bytes=state_bytes(c.spy.state))
                 peak = "n/a" if mem.peak_bytes is None else f"{mem.peak_bytes / 2**20:8.1f} MiB"
                 print(f"{name:9s} length {length:5d}: {row['tokens_per_s']:8.1f} tokens/s ({len(times)} runs), "
                       f"peak {peak}, state {row['state_bytes'] / 2**20:8.2f} MiB", flush=True)
-        del model, spy
     add_ratios(rows)
     return {"meta": dict(machine_info(device), args=vars(args)), "rows": rows}
 
