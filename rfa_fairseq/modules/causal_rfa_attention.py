@@ -3,8 +3,9 @@
 Drop-in for fairseq's MultiheadAttention in a decoder layer's ``self_attn`` slot (same call
 signature). Layout: Time x Batch x Channel in and out. Causality is structural (the recurrence
 only looks back), so the decoder's future mask adds nothing and is only checked for shape.
-During incremental decoding the state per layer is just ``(S [B, H, F, K], z [B, H, F])`` in
-fp32: its size does not depend on how many tokens have been decoded.
+During incremental decoding the state per layer is just ``S [B, H, F, K]`` and ``z [B, H, F]``
+in fp32, packed as one tensor ``Sz [B, H, F, K + 1]`` (``z`` the last column; see
+``ops.causal_rfa.recurrent``): its size does not depend on how many tokens have been decoded.
 """
 from typing import Dict, Optional, Tuple
 
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
 
-from ..ops import chunk_causal_rfa, recurrent_causal_rfa_step
+from ..ops import chunk_causal_rfa, pack_state, recurrent_causal_rfa_step_packed, unpack_state
 from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE
 from ..ops.denominator import DEFAULT_EPS
 from .heads import merge_heads, split_heads
@@ -117,52 +118,52 @@ class CausalRFAttention(nn.Module):
             out = chunk_causal_rfa(q, k, v, log_g, eps=self.eps, chunk_size=self.chunk_size)
         else:
             saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
-            state = None if saved is None else (saved["S"], saved["z"])
+            Sz = None if saved is None else saved["Sz"]
             if T == 1:
-                # The state tensors are ours alone (made here or by index_select in reorder),
-                # so without autograd they can be updated in place.
-                o, state = recurrent_causal_rfa_step(
+                # The state tensor is ours alone (made here or by index_select in reorder), so
+                # without autograd it can be updated in place.
+                o, Sz = recurrent_causal_rfa_step_packed(
                     q[:, :, 0], k[:, :, 0], v[:, :, 0], None if log_g is None else log_g[:, :, 0],
-                    state, eps=self.eps, inplace=not torch.is_grad_enabled(),
+                    Sz, eps=self.eps, inplace=not torch.is_grad_enabled(),
                 )
                 out = o.unsqueeze(2)
             else:
-                out, state = chunk_causal_rfa(
-                    q, k, v, log_g, initial_state=state, output_final_state=True,
-                    eps=self.eps, chunk_size=self.chunk_size,
+                out, final = chunk_causal_rfa(
+                    q, k, v, log_g, initial_state=None if Sz is None else unpack_state(Sz),
+                    output_final_state=True, eps=self.eps, chunk_size=self.chunk_size,
                 )
-            new = {"S": state[0], "z": state[1]}
-            if saved is not None and "spare_S" in saved:  # keep the reorder's spare buffers
-                new.update(spare_S=saved["spare_S"], spare_z=saved["spare_z"])
+                Sz = pack_state(*final)
+            new = {"Sz": Sz}
+            if saved is not None and "spare" in saved:  # keep the reorder's spare buffer
+                new["spare"] = saved["spare"]
             self.set_incremental_state(incremental_state, self.STATE_KEY, new)
         return self.out_proj(merge_heads(out)), None
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        """Beam search: select the rows of (S, z) that the surviving hypotheses continue.
+        """Beam search: select the rows of the state that the surviving hypotheses continue.
 
-        Without autograd the rows are gathered into a spare pair of buffers kept in the state
-        (then the two pairs swap roles), so a decoding step allocates no new state-sized memory.
-        On CPU a fresh multi-MiB tensor per layer and step costs more in page faults than the
-        copy itself. The identity order (beam size 1) copies nothing.
+        Without autograd the rows are gathered into a spare buffer kept in the state (then the
+        two swap roles), so a decoding step allocates no new state-sized memory. On CPU a fresh
+        multi-MiB tensor per layer and step costs more in page faults than the copy itself.
+        The identity order (beam size 1) copies nothing.
         """
         saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
         if saved is None:
             return incremental_state
-        S, z = saved["S"], saved["z"]
-        rows = S.size(0)
+        Sz = saved["Sz"]
+        rows = Sz.size(0)
         if new_order.numel() == rows and torch.equal(new_order, torch.arange(rows, device=new_order.device)):
             return incremental_state
-        spare_S, spare_z = saved.get("spare_S"), saved.get("spare_z")
-        if torch.is_grad_enabled() or new_order.numel() != rows or spare_S is None:
-            # First reorder, a batch that shrank, or autograd: fresh tensors (the spare pair is
-            # (re)made from the old ones when the shapes match, so later steps stop allocating).
-            new = {"S": S.index_select(0, new_order), "z": z.index_select(0, new_order)}
-            if not (torch.is_grad_enabled() or S.requires_grad) and new_order.numel() == rows:
-                new.update(spare_S=S, spare_z=z)
+        spare = saved.get("spare")
+        if torch.is_grad_enabled() or new_order.numel() != rows or spare is None:
+            # First reorder, a batch that shrank, or autograd: a fresh tensor (the old one becomes
+            # the spare when the shapes match, so later steps stop allocating).
+            new = {"Sz": Sz.index_select(0, new_order)}
+            if not (torch.is_grad_enabled() or Sz.requires_grad) and new_order.numel() == rows:
+                new["spare"] = Sz
         else:
-            torch.index_select(S, 0, new_order, out=spare_S)
-            torch.index_select(z, 0, new_order, out=spare_z)
-            new = {"S": spare_S, "z": spare_z, "spare_S": S, "spare_z": z}
+            torch.index_select(Sz, 0, new_order, out=spare)
+            new = {"Sz": spare, "spare": Sz}
         self.set_incremental_state(incremental_state, self.STATE_KEY, new)
         return incremental_state
 

@@ -2,7 +2,8 @@
 
 Drop-in for fairseq's MultiheadAttention in a decoder layer's ``encoder_attn`` slot. Layout:
 Time x Batch x Channel. The source is summarised once into ``(S [Bs, H, F, K], z [Bs, H, F])``
-(padding excluded); every decoding step and every beam reads that summary at O(F K) per head.
+(padding excluded), kept packed as ``Sz [Bs, H, F, K + 1]``; every decoding step and every beam
+reads that summary at O(F K) per head.
 
 Beam search (fairseq's SequenceGenerator calls ``set_beam_size``): the encoder output is
 repeated ``beam`` times, sentence-major, so the state is computed from one copy per sentence
@@ -87,9 +88,8 @@ class CrossRFAttention(nn.Module):
                 key_padding_mask = key_padding_mask[::rows]
         k = self.feature_map(split_heads(self.k_proj(key), self.num_heads))
         v = split_heads(self.v_proj(value), self.num_heads)
-        S, z = cross_rfa_state(k, v, key_padding_mask)
         saved: Dict[str, Optional[Tensor]] = {
-            "S": S, "z": z, "rows_per_source": torch.tensor([rows]),
+            "Sz": cross_rfa_state(k, v, key_padding_mask, packed=True), "rows_per_source": torch.tensor([rows]),
         }
         if keep_keys:
             saved["k"] = k
@@ -130,7 +130,7 @@ class CrossRFAttention(nn.Module):
                                        keep_keys=need_weights)
             if incremental_state is not None:
                 self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
-        state = (saved["S"], saved["z"])
+        state = saved["Sz"]
         q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
         out = cross_rfa_apply(q, state, eps=self.eps, out_dtype=query.dtype)
         out = self.out_proj(merge_heads(out))
@@ -145,7 +145,7 @@ class CrossRFAttention(nn.Module):
         if saved is None:
             return incremental_state
         rows = int(saved["rows_per_source"][0])
-        num_sources = saved["S"].size(0)
+        num_sources = saved["Sz"].size(0)
         if rows > 1:
             if num_sources * rows == new_order.numel():
                 return incremental_state  # beams were reordered within their sentences

@@ -2,7 +2,14 @@
 
 Layout throughout: ``[B, H, T, F]`` for feature-mapped queries/keys, ``[B, H, T, K]`` for values.
 """
-from .causal_rfa import chunk_causal_rfa, naive_causal_rfa, recurrent_causal_rfa_step
+from .causal_rfa import (
+    chunk_causal_rfa,
+    naive_causal_rfa,
+    pack_state,
+    recurrent_causal_rfa_step,
+    recurrent_causal_rfa_step_packed,
+    unpack_state,
+)
 from .cross_rfa import cross_rfa_apply, cross_rfa_state, cross_rfa_weights, naive_cross_rfa
 from .denominator import DEFAULT_EPS, guarded_ratio
 from .feature_maps import (
@@ -15,7 +22,8 @@ from .feature_maps import (
 )
 
 __all__ = [
-    "chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa_step",
+    "chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa_step", "recurrent_causal_rfa_step_packed",
+    "pack_state", "unpack_state",
     "cross_rfa_apply", "cross_rfa_state", "cross_rfa_weights", "naive_cross_rfa",
     "DEFAULT_EPS", "guarded_ratio",
     "KERNELS", "RANDOM_MATRICES", "feature_map", "feature_size", "l2_normalize", "sample_random_matrix",

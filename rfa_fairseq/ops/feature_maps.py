@@ -66,11 +66,19 @@ def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
 
 
 def _project(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
-    # w_i = sigma * omega_i (element-wise): scale the [H, D, K] matrix rather than every input
-    # row (einsum batches over heads without expanding the matrix per batch row).
+    """(sigma * x) . omega_i for every row, ``[B, H, T, D]``.
+
+    The scale goes on whichever side is smaller: on the ``[H, D, K]`` matrix when there are
+    more input rows per head than random features (training), else on the inputs (a decoding
+    step has a handful of rows; scaling the matrix would write a new ``[H, D, K]`` tensor per
+    call). Both are the same product up to rounding. einsum batches over heads without
+    expanding the matrix per batch row."""
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    w = random_matrix.to(acc) * sigma.to(acc).unsqueeze(1)
-    return torch.einsum("bhtk,hdk->bhtd", x.to(acc), w)
+    x, sigma, random_matrix = x.to(acc), sigma.to(acc), random_matrix.to(acc)
+    rows = x.shape[0] * x.shape[2]
+    if rows >= random_matrix.shape[1]:
+        return torch.einsum("bhtk,hdk->bhtd", x, random_matrix * sigma.unsqueeze(1))
+    return torch.einsum("bhtk,hdk->bhtd", x * sigma[:, None, :], random_matrix)
 
 
 def random_fourier_features(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
@@ -92,3 +100,4 @@ def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) ->
     if kernel == "arccos":
         return arccos_features(x, sigma, random_matrix)
     raise ValueError(f"unknown kernel {kernel!r}; expected one of {KERNELS}")
+

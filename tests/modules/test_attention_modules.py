@@ -78,11 +78,11 @@ def test_cross_incremental_beam_sharing_and_reorder():
         full0, _ = attn(steps[0], enc_b, enc_b, key_padding_mask=mask_b)
         torch.testing.assert_close(out0, full0, rtol=1e-5, atol=1e-6)
         saved = attn._get_input_buffer(state)
-        assert saved["S"].shape[0] == bsz  # one source summary per sentence, not per beam
-        S_before = saved["S"]
+        assert saved["Sz"].shape[0] == bsz  # one source summary per sentence, not per beam
+        S_before = saved["Sz"]
         within = torch.arange(bsz * beam).view(bsz, beam).flip(1).reshape(-1)  # reorder beams inside sentences
         attn.reorder_incremental_state(state, within)
-        assert attn._get_input_buffer(state)["S"] is S_before  # no copy
+        assert attn._get_input_buffer(state)["Sz"] is S_before  # no copy
         # drop sentence 1: the generator keeps rows of sentences 0, 2, 3 (with beams reordered)
         keep = torch.tensor([0, 2, 3])
         new_order = (keep[:, None] * beam + torch.tensor([2, 0, 1])[None, :]).reshape(-1)
@@ -92,7 +92,7 @@ def test_cross_incremental_beam_sharing_and_reorder():
                        incremental_state=state)
         full1, _ = attn(q, enc_b[:, new_order], enc_b[:, new_order], key_padding_mask=mask_b[new_order])
         torch.testing.assert_close(out1, full1, rtol=1e-5, atol=1e-6)
-        assert attn._get_input_buffer(state)["S"].shape[0] == 3
+        assert attn._get_input_buffer(state)["Sz"].shape[0] == 3
 
 
 def test_causal_incremental_reorder_follows_new_order():
@@ -140,15 +140,14 @@ def test_causal_reorders_over_many_steps_follow_the_histories(grad):
                                            msg=lambda m: f"step {t}, row {r}: {m}")
             buf = attn._get_input_buffer(state)
             # spares exist from the first reorder on, until the batch shrinks (after step 7)
-            assert ("spare_S" in buf) == (not grad and 1 <= t <= 7), f"step {t}: {sorted(buf)}"
-            if "spare_S" in buf:
-                assert buf["spare_S"].data_ptr() != buf["S"].data_ptr()
-                assert buf["spare_z"].data_ptr() != buf["z"].data_ptr()
+            assert ("spare" in buf) == (not grad and 1 <= t <= 7), f"step {t}: {sorted(buf)}"
+            if "spare" in buf:
+                assert buf["spare"].data_ptr() != buf["Sz"].data_ptr()
             if t < len(orders):
                 order = orders[t]
                 history = [history[o] + [o] for o in order.tolist()]
                 attn.reorder_incremental_state(state, order)
-                assert attn._get_input_buffer(state)["S"].shape[0] == order.numel()
+                assert attn._get_input_buffer(state)["Sz"].shape[0] == order.numel()
 
 
 def test_causal_reorder_after_a_multi_token_prefix():
@@ -180,9 +179,9 @@ def test_causal_identity_reorder_copies_nothing():
     with torch.no_grad():
         state = {}
         attn(torch.randn(1, 3, C), incremental_state=state)
-        S = attn._get_input_buffer(state)["S"]
+        S = attn._get_input_buffer(state)["Sz"]
         attn.reorder_incremental_state(state, torch.arange(3))
-        assert attn._get_input_buffer(state)["S"] is S
+        assert attn._get_input_buffer(state)["Sz"] is S
 
 
 def test_random_feature_draws_are_seeded_per_step_and_module():
@@ -218,7 +217,7 @@ def test_cross_beam_size_with_distinct_rows_falls_back_to_per_row_state():
         state = {}
         out, _ = attn(query, enc, enc, incremental_state=state)
         full, _ = attn(query, enc, enc)
-    assert attn._get_input_buffer(state)["S"].shape[0] == 4
+    assert attn._get_input_buffer(state)["Sz"].shape[0] == 4
     torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-6)
 
 

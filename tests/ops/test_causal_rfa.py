@@ -13,7 +13,10 @@ from rfa_fairseq.ops import (
     feature_map,
     guarded_ratio,
     naive_causal_rfa,
+    pack_state,
     recurrent_causal_rfa_step,
+    recurrent_causal_rfa_step_packed,
+    unpack_state,
     sample_random_matrix,
 )
 from rfa_fairseq.ops.denominator import DEFAULT_EPS
@@ -60,16 +63,31 @@ def make_inputs(gen, T, Fd, K, gate, init, features="abs"):
 
 
 def run_recurrent(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, inplace=False):
-    """Step recurrent_causal_rfa_step token by token; same return contract as the other two."""
+    """Step recurrent_causal_rfa_step token by token; same return contract as the other two.
+    With ``inplace``, the packed step the decoder uses, updating its own copy of the state."""
+    if inplace:
+        return run_recurrent_packed(q, k, v, log_g, initial_state, eps, inplace=True)
     state = initial_state
     outs = []
     for t in range(q.shape[2]):
         o, state = recurrent_causal_rfa_step(
+            q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t], state, eps=eps,
+        )
+        outs.append(o)
+    return torch.stack(outs, dim=2), state
+
+
+def run_recurrent_packed(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, inplace=False):
+    """The decoder's path: the packed [S | z] state through recurrent_causal_rfa_step_packed."""
+    state = None if initial_state is None else pack_state(*initial_state)
+    outs = []
+    for t in range(q.shape[2]):
+        o, state = recurrent_causal_rfa_step_packed(
             q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t],
             state, eps=eps, inplace=inplace,
         )
         outs.append(o)
-    return torch.stack(outs, dim=2), state
+    return torch.stack(outs, dim=2), unpack_state(state)
 
 
 def run_chunk(chunk_size):
@@ -199,6 +217,8 @@ def pad_mask(pattern, T, gen):
         pytest.param(run_chunk(7), id="chunk-C7"),
         pytest.param(run_chunk(64), id="chunk-C64>T"),
         pytest.param(run_recurrent, id="recurrent"),
+    pytest.param(run_recurrent_packed, id="recurrent-packed"),
+        pytest.param(run_recurrent_packed, id="recurrent-packed"),
     ],
 )
 def test_padding_leaves_state_unchanged(gen, impl, pattern, gate, init):
@@ -232,27 +252,35 @@ def test_padding_leaves_state_unchanged(gen, impl, pattern, gate, init):
 def test_recurrent_inplace_equals_out_of_place(gen, gate, init):
     T, Fd, K = 17, 60, 33
     q, k, v, log_g, state = make_inputs(gen, T, Fd, K, gate, init)
-    if state is None:  # the caller owns the state tensors: start from zeros it made itself
+    if state is None:  # the caller owns the state tensor: start from zeros it made itself
         state = (torch.zeros(B, H, Fd, K), torch.zeros(B, H, Fd))
     with torch.no_grad():
-        st_ref = tuple(t.clone() for t in state)
-        st_ip = tuple(t.clone() for t in state)
+        st_ref, st_ip = pack_state(*state), pack_state(*state)
         for t in range(T):
             args = (q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t])
-            before = tuple(x.clone() for x in st_ref)
-            o_ref, new_ref = recurrent_causal_rfa_step(*args, st_ref, inplace=False)
+            before = st_ref.clone()
+            o_ref, new_ref = recurrent_causal_rfa_step_packed(*args, st_ref, inplace=False)
             # the out-of-place step must not touch its input state
-            assert all(torch.equal(a, b) for a, b in zip(st_ref, before))
-            o_ip, new_ip = recurrent_causal_rfa_step(*args, st_ip, inplace=True)
-            assert new_ip[0] is st_ip[0] and new_ip[1] is st_ip[1]
+            assert torch.equal(st_ref, before)
+            o_ip, new_ip = recurrent_causal_rfa_step_packed(*args, st_ip, inplace=True)
+            assert new_ip is st_ip
             torch.testing.assert_close(o_ip, o_ref, rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(new_ip[0], new_ref[0], rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(new_ip[1], new_ref[1], rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(new_ip, new_ref, rtol=1e-6, atol=1e-6)
             st_ref, st_ip = new_ref, new_ip
     out, (S, z) = run_naive(q, k, v, log_g, state)
-    assert_close(st_ip[0], S, name="S")
-    assert_close(st_ip[1], z, name="z")
+    S_ip, z_ip = unpack_state(st_ip)
+    assert_close(S_ip, S, name="S")
+    assert_close(z_ip, z, name="z")
     assert_close(o_ip, out[:, :, -1], name="last out")
+
+
+def test_pack_and_unpack_state_round_trip(gen):
+    S, z = torch.randn(2, 3, 5, 4, generator=gen), torch.randn(2, 3, 5, generator=gen)
+    Sz = pack_state(S, z)
+    assert Sz.shape == (2, 3, 5, 5)
+    S2, z2 = unpack_state(Sz)
+    assert torch.equal(S2, S) and torch.equal(z2, z)
+    assert S2.data_ptr() == Sz.data_ptr()  # views, not copies
 
 
 def test_recurrent_inplace_from_empty_state_does_not_alias_inputs(gen):
@@ -282,6 +310,7 @@ IMPLS = [
     pytest.param(run_naive, id="naive"),
     pytest.param(run_chunk(16), id="chunk-C16"),
     pytest.param(run_recurrent, id="recurrent"),
+    pytest.param(run_recurrent_packed, id="recurrent-packed"),
 ]
 DTYPES = [
     pytest.param(torch.float32, id="fp32"),

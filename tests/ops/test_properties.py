@@ -26,7 +26,10 @@ from rfa_fairseq.ops import (
     feature_map,
     naive_causal_rfa,
     naive_cross_rfa,
+    pack_state,
     recurrent_causal_rfa_step,
+    recurrent_causal_rfa_step_packed,
+    unpack_state,
     sample_random_matrix,
 )
 
@@ -199,12 +202,18 @@ def test_recurrent_steps_equal_naive(case, inplace):
     ref, (S_ref, z_ref) = naive_causal_rfa(q, k, v, log_g, initial_state=state, output_final_state=True)
     # In place, the step writes into the state it is given: hand it a copy. Out of place, hand it
     # the caller's own tensors, which must come back untouched.
-    st_ = clone_state(state) if inplace else state
+    # In place: the decoder's packed state (a copy of the caller's).
+    st_ = (None if state is None else pack_state(*state)) if inplace else state
     outs = []
     for t in range(case["T"]):
-        o, st_ = recurrent_causal_rfa_step(q[:, :, t], k[:, :, t], v[:, :, t],
-                                           None if log_g is None else log_g[:, :, t], st_, inplace=inplace)
+        args = (q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t], st_)
+        if inplace:
+            o, st_ = recurrent_causal_rfa_step_packed(*args, inplace=True)
+        else:
+            o, st_ = recurrent_causal_rfa_step(*args)
         outs.append(o)
+    if inplace:
+        st_ = unpack_state(st_)
     assert_close(torch.stack(outs, dim=2), ref, "out")
     assert_close(st_[0], S_ref, "S")
     assert_close(st_[1], z_ref, "z")
@@ -288,12 +297,13 @@ def test_arbitrary_sign_features_stay_finite(case, dtype, kind, q_scale, v_scale
     out_n, (S_n, z_n) = naive_causal_rfa(q, k, v, log_g, initial_state=state, output_final_state=True)
     out_c, (S_c, z_c) = chunk_causal_rfa(q, k, v, log_g, initial_state=clone_state(state), output_final_state=True,
                                         chunk_size=case["chunk"])
-    st_ = clone_state(state)
+    st_ = None if state is None else pack_state(*state)
     steps = []
     for t in range(T):
-        o, st_ = recurrent_causal_rfa_step(q[:, :, t], k[:, :, t], v[:, :, t],
-                                           None if log_g is None else log_g[:, :, t], st_, inplace=True)
+        o, st_ = recurrent_causal_rfa_step_packed(q[:, :, t], k[:, :, t], v[:, :, t],
+                                                  None if log_g is None else log_g[:, :, t], st_, inplace=True)
         steps.append(o)
+    st_ = unpack_state(st_)
     out_r = torch.stack(steps, dim=2)
     for name, out, S, z in (("naive", out_n, S_n, z_n), ("chunk", out_c, S_c, z_c), ("step", out_r, *st_)):
         assert out.dtype == dtype, f"{name}: output dtype {out.dtype} != {dtype}"

@@ -1,5 +1,6 @@
 from .chunk import DEFAULT_CHUNK_SIZE, chunk_causal_rfa
 from .naive import naive_causal_rfa
-from .recurrent import recurrent_causal_rfa_step
+from .recurrent import pack_state, recurrent_causal_rfa_step, recurrent_causal_rfa_step_packed, unpack_state
 
-__all__ = ["chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa_step", "DEFAULT_CHUNK_SIZE"]
+__all__ = ["chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa_step", "recurrent_causal_rfa_step_packed",
+           "pack_state", "unpack_state", "DEFAULT_CHUNK_SIZE"]

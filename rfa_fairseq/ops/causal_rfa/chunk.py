@@ -80,13 +80,16 @@ def chunk_causal_rfa(
         # Cumulative log-gates and their differences in fp64: in fp32 a long chunk of small gates
         # loses absolute precision in b_i - b_j (these tensors are small: [B, H, N, C(, C)]).
         b = torch.cumsum(lg.double(), dim=-1)
-        # (1 - g) computed as -expm1(log g): exact for g close to 1.
-        kw = (kf.view(B, H, N, C, Fd) * (-torch.expm1(lg)).unsqueeze(-1))
+        # (1 - g) computed as -expm1(log g): exact for g close to 1. The per-position scalars are
+        # folded together before they touch a [.., C, F] tensor: (1 - g_j) goes into the
+        # [C, C] decay matrix for the intra-chunk part and into one factor per key for the state.
+        one_minus_g = -torch.expm1(lg)
+        kc = kf.view(B, H, N, C, Fd)
         diff = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
-        attn = (qf @ kw.transpose(-1, -2)) * torch.exp(diff).to(acc)
+        attn = (qf @ kc.transpose(-1, -2)) * (torch.exp(diff).to(acc) * one_minus_g.unsqueeze(-2))
         intra = attn @ vf
         b_last = b[..., -1:]
-        chunk_kv = (kw * torch.exp(b_last - b).to(acc).unsqueeze(-1)).transpose(-1, -2) @ vf
+        chunk_kv = (kc * (torch.exp(b_last - b).to(acc) * one_minus_g).unsqueeze(-1)).transpose(-1, -2) @ vf
         # The state entering chunk n (n = 0..N; n = N is the final state) in one matmul rather
         # than a loop over chunks: with p_n = sum of the log-decays of chunks < n (fp64),
         # S_n = sum_{m < n} exp(p_n - p_{m+1}) chunk_kv_m + exp(p_n) S_0. Exponents are masked
@@ -98,7 +101,9 @@ def chunk_causal_rfa(
         if initial_state is not None:
             states = states + torch.exp(p).to(acc)[..., None, None] * state0.unsqueeze(2)
         before, final = states[:, :, :N], states[:, :, N]
-        o = intra + (qf * torch.exp(b).to(acc).unsqueeze(-1)) @ before
+        # the decay from the chunk start to position i, applied to the [C, K + 1] result rather
+        # than to the [C, F] queries
+        o = intra + torch.exp(b).to(acc).unsqueeze(-1) * (qf @ before)
 
     o = o.reshape(B, H, N * C, K + 1)[:, :, :T]
     out = guarded_ratio(o[..., :K], o[..., K], eps, v.dtype)

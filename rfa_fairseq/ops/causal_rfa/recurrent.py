@@ -1,10 +1,71 @@
-"""One step of causal RFA for incremental decoding: O(F K) per head, whatever the length."""
+"""One step of causal RFA for incremental decoding: O(F K) per head, whatever the length.
+
+The decoder keeps the state packed, ``Sz = [S | z]`` of shape ``[B, H, F, K + 1]`` (``z`` is the
+last column): with a column of ones appended to ``v`` one outer product updates both, one
+matmul reads out numerator and denominator, and beam search reorders one tensor.
+"""
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
+
+
+def pack_state(S: Tensor, z: Tensor) -> Tensor:
+    """``(S [..., F, K], z [..., F])`` -> ``Sz [..., F, K + 1]`` (a new tensor)."""
+    return torch.cat([S, z.unsqueeze(-1).to(S.dtype)], dim=-1)
+
+
+def unpack_state(Sz: Tensor) -> Tuple[Tensor, Tensor]:
+    """``Sz [..., F, K + 1]`` -> ``(S, z)`` as views of ``Sz``."""
+    return Sz[..., :-1], Sz[..., -1]
+
+
+def recurrent_causal_rfa_step_packed(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    log_g: Optional[Tensor],
+    state: Optional[Tensor],
+    eps: float = DEFAULT_EPS,
+    inplace: bool = False,
+) -> Tuple[Tensor, Tensor]:
+    """Advance the packed state by one token and read it out.
+
+    Args:
+        q, k: ``[B, H, F]``; v: ``[B, H, K]``; log_g: ``[B, H]`` or None.
+        state: ``Sz [B, H, F, K + 1]`` in fp32 (fp64 for fp64 inputs), or None at the first token.
+        inplace: update ``state`` in place (only when no gradient is needed and the caller
+            owns the tensor); the same tensor is then returned.
+    Returns:
+        ``out [B, H, K]`` (dtype of ``v``) and the new ``Sz``.
+    """
+    acc = compute_dtype(q)
+    qf, kf = q.to(acc), k.to(acc)
+    v1 = F.pad(v.to(acc), (0, 1), value=1.0)  # [v | 1]
+    decay = None
+    if log_g is not None:
+        lg = log_g.to(acc)
+        decay = torch.exp(lg)[..., None, None]
+        # (1 - g) as -expm1(log g) (exact for g near 1), on the value side: K + 1 numbers, not F.
+        v1 = v1 * (-torch.expm1(lg)).unsqueeze(-1)
+    if state is None:
+        # contiguous whatever the strides of k: every later step and reorder reads it whole
+        Sz = (kf.unsqueeze(-1) * v1.unsqueeze(-2)).contiguous()
+    elif inplace and state.dtype == acc:
+        Sz = state
+        if decay is not None:
+            Sz.mul_(decay)
+        Sz.addcmul_(kf.unsqueeze(-1), v1.unsqueeze(-2))  # no [B, H, F, K + 1] temporary
+    else:
+        Sz = state.to(acc)
+        if decay is not None:
+            Sz = Sz * decay
+        Sz = torch.addcmul(Sz, kf.unsqueeze(-1), v1.unsqueeze(-2))
+    o = torch.matmul(qf.unsqueeze(-2), Sz).squeeze(-2)  # [B, H, K + 1]: numerator | denominator
+    return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype), Sz
 
 
 def recurrent_causal_rfa_step(
@@ -14,44 +75,9 @@ def recurrent_causal_rfa_step(
     log_g: Optional[Tensor],
     state: Optional[Tuple[Tensor, Tensor]],
     eps: float = DEFAULT_EPS,
-    inplace: bool = False,
 ) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
-    """Advance the state by one token and read it out.
-
-    Args:
-        q, k: ``[B, H, F]``; v: ``[B, H, K]``; log_g: ``[B, H]`` or None.
-        state: ``(S [B, H, F, K], z [B, H, F])`` in fp32, or None at the first token.
-        inplace: update ``state`` in place (only when no gradient is needed and the caller
-            owns the tensors); the same tensors are then returned.
-    Returns:
-        ``out [B, H, K]`` (dtype of ``v``) and the new ``(S, z)``.
-    """
-    acc = compute_dtype(q)
-    kf, vf, qf = k.to(acc), v.to(acc), q.to(acc)
-    if log_g is None:
-        decay = None
-        kw = kf
-    else:
-        lg = log_g.to(acc)
-        decay = torch.exp(lg)
-        kw = kf * (-torch.expm1(lg)).unsqueeze(-1)
-    if state is None:
-        S = kw.unsqueeze(-1) * vf.unsqueeze(-2)
-        z = kw.clone()  # kw may be the caller's k; a later in-place step must not write into it
-    elif inplace and state[0].dtype == acc:
-        S, z = state
-        if decay is not None:
-            S.mul_(decay[..., None, None])
-            z.mul_(decay[..., None])
-        S.addcmul_(kw.unsqueeze(-1), vf.unsqueeze(-2))  # no [B, H, F, K] temporary
-        z.add_(kw)
-    else:
-        S, z = state[0].to(acc), state[1].to(acc)
-        if decay is not None:
-            S = S * decay[..., None, None]
-            z = z * decay[..., None]
-        S = S + kw.unsqueeze(-1) * vf.unsqueeze(-2)
-        z = z + kw
-    num = (qf.unsqueeze(-2) @ S).squeeze(-2)
-    den = (qf * z).sum(-1)
-    return guarded_ratio(num, den, eps, v.dtype), (S, z)
+    """:func:`recurrent_causal_rfa_step_packed` with the ``(S [B, H, F, K], z [B, H, F])`` state of
+    the naive and chunked forms (returned as views of the new packed state)."""
+    packed = None if state is None else pack_state(state[0].to(compute_dtype(q)), state[1])
+    out, Sz = recurrent_causal_rfa_step_packed(q, k, v, log_g, packed, eps=eps)
+    return out, unpack_state(Sz)

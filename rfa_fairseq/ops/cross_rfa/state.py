@@ -1,27 +1,33 @@
 """Cross RFA through its state: (S, z) summarise the source once; each query costs O(F K).
 
 ``S = sum_j phi(k_j) v_j^T`` ``[B, H, F, K]`` and ``z = sum_j phi(k_j)`` ``[B, H, F]`` over the
-non-padding source positions. A state computed for ``Bs`` sources can serve ``Bs * beam`` query
+non-padding source positions, kept packed as ``[S | z]`` by the decoder (one matmul per query). A state computed for ``Bs`` sources can serve ``Bs * beam`` query
 rows laid out sentence-major (rows ``i * beam ... (i + 1) * beam - 1`` share source ``i``), as in
 fairseq's beam search: the queries are grouped, and the state is never copied per beam.
 """
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from ..causal_rfa.recurrent import pack_state, unpack_state
 from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
 
+State = Union[Tensor, Tuple[Tensor, Tensor]]
 
-def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+
+def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, packed: bool = False) -> State:
     """k: ``[B, H, S, F]``, v: ``[B, H, S, K]``, key_padding_mask ``[B, S]`` (True = pad).
 
-    Returns ``(S [B, H, F, K], z [B, H, F])`` in fp32."""
+    Returns ``(S [B, H, F, K], z [B, H, F])`` in fp32, or with ``packed`` the one tensor
+    ``[S | z]`` of shape ``[B, H, F, K + 1]`` that :func:`cross_rfa_apply` reads in one matmul."""
     acc = compute_dtype(k)
     kf = k.to(acc)
     if key_padding_mask is not None:
         kf = kf.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), 0.0)
-    return kf.transpose(-1, -2) @ v.to(acc), kf.sum(dim=2)
+    Sz = kf.transpose(-1, -2) @ F.pad(v.to(acc), (0, 1), value=1.0)
+    return Sz if packed else unpack_state(Sz)
 
 
 def _group(q: Tensor, num_sources: int) -> Tensor:
@@ -31,23 +37,23 @@ def _group(q: Tensor, num_sources: int) -> Tensor:
     return q.reshape(num_sources, B // num_sources, *q.shape[1:])
 
 
-def cross_rfa_apply(q: Tensor, state: Tuple[Tensor, Tensor], eps: float = DEFAULT_EPS, out_dtype=None) -> Tensor:
-    """q: ``[B, H, Tq, F]``; state from :func:`cross_rfa_state` for ``B`` or ``B / beam`` sources.
+def cross_rfa_apply(q: Tensor, state: State, eps: float = DEFAULT_EPS, out_dtype=None) -> Tensor:
+    """q: ``[B, H, Tq, F]``; state from :func:`cross_rfa_state` (packed or not) for ``B`` or
+    ``B / beam`` sources.
 
     Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
-    S, z = state
-    Bs, H, Fd, K = S.shape
+    Sz = state if isinstance(state, Tensor) else pack_state(*state)
+    Bs, H, Fd, K1 = Sz.shape
     B, _, Tq, _ = q.shape
     # [B, H, Tq, F] -> [Bs, H, beam * Tq, F]: the rows of one source's beams as one matmul.
-    qg = _group(q.to(S.dtype), Bs).transpose(1, 2).reshape(Bs, H, -1, Fd)
-    num = torch.matmul(qg, S)
-    den = torch.matmul(qg, z.unsqueeze(-1)).squeeze(-1)
-    out = guarded_ratio(num, den, eps, out_dtype or q.dtype)  # [Bs, H, beam * Tq, K]
-    return out.reshape(Bs, H, B // Bs, Tq, K).transpose(1, 2).reshape(B, H, Tq, K)
+    qg = _group(q.to(Sz.dtype), Bs).transpose(1, 2).reshape(Bs, H, -1, Fd)
+    o = torch.matmul(qg, Sz)  # numerator | denominator
+    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype)  # [Bs, H, beam * Tq, K]
+    return out.reshape(Bs, H, B // Bs, Tq, K1 - 1).transpose(1, 2).reshape(B, H, Tq, K1 - 1)
 
 
 def cross_rfa_weights(
-    q: Tensor, k: Tensor, state: Tuple[Tensor, Tensor], key_padding_mask: Optional[Tensor] = None,
+    q: Tensor, k: Tensor, state: State, key_padding_mask: Optional[Tensor] = None,
     eps: float = DEFAULT_EPS,
 ) -> Tensor:
     """The attention weights RFA applies implicitly: ``phi(q_i).phi(k_j) / max(phi(q_i).z, eps)``.
@@ -55,11 +61,12 @@ def cross_rfa_weights(
     q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]`` for the ``Bs`` sources of ``state``.
     Returns ``[B, H, Tq, S]`` in fp32 (zero at padding)."""
     Bs = k.shape[0]
-    acc = state[0].dtype
+    z = unpack_state(state)[1] if isinstance(state, Tensor) else state[1]
+    acc = z.dtype
     qg = _group(q.to(acc), Bs)
     scores = torch.einsum("sbhtf,shjf->sbhtj", qg, k.to(acc))
     if key_padding_mask is not None:
         scores = scores.masked_fill(key_padding_mask[:, None, None, None, :].to(torch.bool), 0.0)
-    den = torch.einsum("sbhtf,shf->sbht", qg, state[1]).clamp_min(eps)
+    den = torch.einsum("sbhtf,shf->sbht", qg, z).clamp_min(eps)
     w = scores / den.unsqueeze(-1)
     return w.reshape(q.shape[0], *w.shape[2:])
