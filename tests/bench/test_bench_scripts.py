@@ -111,3 +111,12 @@ def test_peak_memory_probe_sees_an_allocation():
     if mem.peak_bytes is None:
         pytest.skip("this kernel does not allow resetting the peak RSS (/proc/self/clear_refs)")
     assert mem.peak_bytes >= 60 * 2**20
+
+
+def test_decode_defaults_follow_the_task():
+    tr = decode_speed.parse_args([])
+    assert (tr.batch, tr.beam, max(tr.lengths)) == (2, 4, 4096)
+    lm = decode_speed.parse_args(["--task", "lm"])
+    assert (lm.batch, lm.beam, max(lm.lengths)) == (1, 1, 8192)
+    explicit = decode_speed.parse_args(["--task", "lm", "--beam", "4", "--batch", "3", "--lengths", "64"])
+    assert (explicit.batch, explicit.beam, explicit.lengths) == (3, 4, [64])
