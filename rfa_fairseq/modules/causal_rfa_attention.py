@@ -133,10 +133,10 @@ class CausalRFAttention(nn.Module):
                     output_final_state=True, eps=self.eps, chunk_size=self.chunk_size,
                 )
                 Sz = pack_state(*final)
-            new = {"Sz": Sz}
-            if saved is not None and "spare" in saved:  # keep the reorder's spare buffer
-                new["spare"] = saved["spare"]
-            self.set_incremental_state(incremental_state, self.STATE_KEY, new)
+            if saved is None:
+                self.set_incremental_state(incremental_state, self.STATE_KEY, {"Sz": Sz})
+            elif Sz is not saved["Sz"]:  # updated in place: the saved dict already holds it
+                saved["Sz"] = Sz  # the reorder's spare buffer, if any, stays beside it
         return self.out_proj(merge_heads(out)), None
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
