@@ -22,6 +22,17 @@ from .random_feature_map import RandomFeatureMap
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 
+_ARANGE: Dict[Tuple[int, torch.device], Tensor] = {}
+
+
+def _arange(n: int, device: torch.device) -> Tensor:
+    """``torch.arange(n)``, made once per size and device: the identity order to compare with."""
+    key = (n, device)
+    if key not in _ARANGE:
+        with torch.inference_mode(False):  # a normal tensor, usable in and out of inference mode
+            _ARANGE[key] = torch.arange(n, device=device)
+    return _ARANGE[key]
+
 
 def init_projection(linear: nn.Linear, gain: float = 1.0):
     nn.init.xavier_uniform_(linear.weight, gain=gain)
@@ -117,10 +128,10 @@ class CausalRFAttention(nn.Module):
         if incremental_state is None:
             out = chunk_causal_rfa(q, k, v, log_g, eps=self.eps, chunk_size=self.chunk_size)
         else:
-            saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
+            saved = self._current_state(incremental_state)
             Sz = None if saved is None else saved["Sz"]
             if T == 1:
-                # The state tensor is ours alone (made here or by index_select in reorder), so
+                # The state tensor is ours alone (made here or gathered by _current_state), so
                 # without autograd it can be updated in place.
                 o, Sz = recurrent_causal_rfa_step_packed(
                     q[:, :, 0], k[:, :, 0], v[:, :, 0], None if log_g is None else log_g[:, :, 0],
@@ -140,36 +151,54 @@ class CausalRFAttention(nn.Module):
         return self.out_proj(merge_heads(out)), None
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        """Beam search: select the rows of the state that the surviving hypotheses continue.
+        """Beam search: the rows of the state that the surviving hypotheses continue.
 
-        Without autograd the rows are gathered into a spare buffer kept in the state (then the
-        two swap roles), so a decoding step allocates no new state-sized memory. On CPU a fresh
-        multi-MiB tensor per layer and step costs more in page faults than the copy itself.
-        The identity order (beam size 1) copies nothing.
+        The gather is deferred to this layer's next step (:meth:`_current_state`), which does it
+        just before the update reads the state again: fairseq reorders every layer before the
+        step runs, and in between the other layers' weights would evict a gathered state from
+        the caches. Reorders before a step compose; a reader of the state sees them applied.
         """
         saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
         if saved is None:
             return incremental_state
-        Sz = saved["Sz"]
-        rows = Sz.size(0)
-        if new_order.numel() == rows and torch.equal(new_order, torch.arange(rows, device=new_order.device)):
-            return incremental_state
-        spare = saved.get("spare")
-        if torch.is_grad_enabled() or new_order.numel() != rows or spare is None:
-            # First reorder, a batch that shrank, or autograd: a fresh tensor (the old one becomes
-            # the spare when the shapes match, so later steps stop allocating).
-            new = {"Sz": Sz.index_select(0, new_order)}
-            if not (torch.is_grad_enabled() or Sz.requires_grad) and new_order.numel() == rows:
-                new["spare"] = Sz
-        else:
-            torch.index_select(Sz, 0, new_order, out=spare)
-            new = {"Sz": spare, "spare": Sz}
-        self.set_incremental_state(incremental_state, self.STATE_KEY, new)
+        pending = saved.get("order")
+        saved["order"] = new_order.clone() if pending is None else pending.index_select(0, new_order)
         return incremental_state
+
+    def _current_state(self, incremental_state: IncrementalState) -> Optional[Dict[str, Optional[Tensor]]]:
+        """The saved state with any pending reorder applied.
+
+        Without autograd the rows are gathered into a spare buffer kept in the state (then the
+        two swap roles), so a decoding step allocates no new state-sized memory: on CPU a fresh
+        multi-MiB tensor per layer and step costs more in page faults than the copy itself. The
+        identity order (beam size 1) copies nothing.
+        """
+        saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
+        if saved is None or saved.get("order") is None:
+            return saved
+        order = saved.pop("order")
+        Sz, spare = saved["Sz"], saved.pop("spare", None)
+        rows = Sz.size(0)
+        if order.numel() == rows and torch.equal(order, _arange(rows, order.device)):
+            pass
+        elif torch.is_grad_enabled() or Sz.requires_grad or spare is None or order.numel() != rows:
+            # The first reorder, a batch that shrank, or autograd: a fresh tensor (the old one
+            # becomes the spare when the shapes match, so later steps stop allocating).
+            keep = not (torch.is_grad_enabled() or Sz.requires_grad) and order.numel() == rows
+            Sz, spare = Sz.index_select(0, order), (Sz if keep else None)
+        else:
+            torch.index_select(Sz, 0, order, out=spare)
+            Sz, spare = spare, Sz
+        saved["Sz"] = Sz
+        if spare is not None:
+            saved["spare"] = spare
+        return saved
 
     # fairseq's decoder layer reads these on MultiheadAttention; keep the same names.
     def _get_input_buffer(self, incremental_state: Optional[IncrementalState]) -> Dict[str, Optional[Tensor]]:
-        return self.get_incremental_state(incremental_state, self.STATE_KEY) or {}
+        if incremental_state is None:
+            return {}
+        return self._current_state(incremental_state) or {}
 
     def _set_input_buffer(self, incremental_state: IncrementalState, buffer: Dict[str, Optional[Tensor]]):
         return self.set_incremental_state(incremental_state, self.STATE_KEY, buffer)

@@ -11,7 +11,15 @@ by) dropout's random stream, whatever the device.
 import torch
 from torch import Tensor, nn
 
-from ..ops import feature_map, feature_size, l2_normalize, sample_random_matrix
+from ..ops import feature_map, feature_size, l2_normalize, prepared_feature_map, projection_matrix, sample_random_matrix
+
+
+def _identity(t: Tensor):
+    """What changes when ``t`` does: storage, place, version counter (None for an inference
+    tensor, which has no version counter: then nothing is reused)."""
+    if t.is_inference():
+        return None
+    return (t.data_ptr(), t.device, t._version)
 
 
 class RandomFeatureMap(nn.Module):
@@ -39,6 +47,7 @@ class RandomFeatureMap(nn.Module):
         self.register_buffer("random_matrix", torch.zeros(num_heads, num_features, head_dim))
         self.num_updates = 0
         self._drawn_for = None
+        self._prepared = None  # (key, projection_matrix) for use without autograd
         self.redraw()
 
     def set_num_updates(self, num_updates: int):
@@ -64,8 +73,23 @@ class RandomFeatureMap(nn.Module):
             seed = self.draw_seed()
             if seed != self._drawn_for:
                 self.redraw(seed)
-        x = x.double() if x.dtype == torch.float64 else x.float()
-        return feature_map(self.kernel, l2_normalize(x), self.sigma, self.random_matrix)
+        x = l2_normalize(x.double() if x.dtype == torch.float64 else x.float())
+        if torch.is_grad_enabled():
+            return feature_map(self.kernel, x, self.sigma, self.random_matrix)
+        return prepared_feature_map(self.kernel, x, self.prepared_matrix(x.dtype))
+
+    def prepared_matrix(self, dtype: torch.dtype) -> Tensor:
+        """``projection_matrix(sigma, random_matrix)`` in ``dtype``, made again only when sigma
+        or the random matrix changed (a new tensor, an in-place update, a redraw): decoding
+        steps reuse one. Without autograd only; under autograd sigma's gradient needs the product
+        recorded, so :meth:`forward` uses the reference :func:`feature_map` there."""
+        key = (dtype, torch.is_inference_mode_enabled(), _identity(self.sigma), _identity(self.random_matrix))
+        if self._prepared is not None and self._prepared[0] == key and None not in key:
+            return self._prepared[1]
+        with torch.no_grad():
+            matrix = projection_matrix(self.sigma.to(dtype), self.random_matrix.to(dtype))
+        self._prepared = (key, matrix)
+        return matrix
 
     def extra_repr(self) -> str:
         return (

@@ -18,6 +18,8 @@ from .feature_maps import (
     feature_map,
     feature_size,
     l2_normalize,
+    prepared_feature_map,
+    projection_matrix,
     sample_random_matrix,
 )
 
@@ -27,4 +29,5 @@ __all__ = [
     "cross_rfa_apply", "cross_rfa_state", "cross_rfa_weights", "naive_cross_rfa",
     "DEFAULT_EPS", "guarded_ratio",
     "KERNELS", "RANDOM_MATRICES", "feature_map", "feature_size", "l2_normalize", "sample_random_matrix",
+    "prepared_feature_map", "projection_matrix",
 ]

@@ -209,6 +209,72 @@ def test_random_feature_draws_are_seeded_per_step_and_module():
     assert torch.equal(a.random_matrix, b.random_matrix), "evaluation never redraws"
 
 
+@pytest.mark.parametrize("kernel", ["gaussian", "arccos"])
+def test_feature_map_without_autograd_reuses_a_prepared_matrix_until_something_changes(kernel):
+    """Without autograd the module projects on a cached sigma-scaled matrix; it must give the
+    reference features, and be made again after a redraw, an update of sigma, a load of other
+    weights, or a change of dtype."""
+    torch.manual_seed(12)
+    m = fmap(kernel=kernel).eval()
+    x = torch.randn(2, H, 3, C // H)
+
+    def check():
+        with torch.no_grad():
+            fast = m(x)
+        ref = m(x)  # under autograd: the reference feature_map
+        assert ref.requires_grad and not fast.requires_grad
+        torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-6)
+        return m.prepared_matrix(torch.float32)
+
+    first = check()
+    with torch.no_grad():
+        assert m.prepared_matrix(torch.float32) is first, "reused while nothing changed"
+    m.redraw(seed=123)
+    second = check()
+    assert second is not first
+    with torch.no_grad():
+        m.sigma.mul_(1.5)
+    third = check()
+    assert third is not second
+    other = fmap(kernel=kernel)
+    other.redraw(seed=7)
+    m.load_state_dict(other.state_dict())
+    fourth = check()
+    assert fourth is not third
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), other.eval()(x), rtol=0, atol=0)
+        fp64 = m(x.double())
+    assert fp64.dtype == torch.float64 and m.prepared_matrix(torch.float64).dtype == torch.float64
+    with torch.inference_mode():
+        torch.testing.assert_close(m(x), other(x), rtol=0, atol=0)
+
+
+def test_causal_reorders_are_deferred_to_the_next_step_and_compose():
+    """A reorder only records the order (no state-sized copy: the gather happens in the next
+    step, next to the update); two reorders before a step act as their composition, and a
+    reader of the state sees them applied."""
+    torch.manual_seed(13)
+    attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
+    x = torch.randn(4, 4, C)
+    a, b = torch.tensor([1, 1, 3, 0]), torch.tensor([2, 0, 0, 1])
+    with torch.no_grad():
+        state, ref_state = {}, {}
+        for t in range(3):
+            attn(x[t : t + 1], incremental_state=state)
+            attn(x[t : t + 1], incremental_state=ref_state)
+        before = attn.get_incremental_state(state, attn.STATE_KEY)["Sz"]
+        values = before.clone()
+        attn.reorder_incremental_state(state, a)
+        attn.reorder_incremental_state(state, b)
+        held = attn.get_incremental_state(state, attn.STATE_KEY)["Sz"]
+        assert held is before and torch.equal(held, values), "nothing was gathered yet"
+        attn.reorder_incremental_state(ref_state, a[b])
+        torch.testing.assert_close(attn._get_input_buffer(state)["Sz"], values[a[b]], rtol=0, atol=0)
+        out, _ = attn(x[3:4], incremental_state=state)
+        ref, _ = attn(x[3:4], incremental_state=ref_state)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+
+
 def test_cross_beam_size_with_distinct_rows_falls_back_to_per_row_state():
     torch.manual_seed(4)
     attn = CrossRFAttention(C, H, fmap(1)).eval()

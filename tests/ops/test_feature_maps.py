@@ -18,6 +18,8 @@ from rfa_fairseq.ops import (
     feature_map,
     feature_size,
     l2_normalize,
+    prepared_feature_map,
+    projection_matrix,
     sample_random_matrix,
 )
 from rfa_fairseq.ops.feature_maps import sample_orthogonal_matrix
@@ -92,6 +94,30 @@ def test_random_matrix_draws_follow_the_generator(kind):
     assert a.shape == (2, 20, 6) and a.dtype == torch.float32
     assert torch.equal(a, b)
     assert not torch.allclose(a, c)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("rows", [(8, 1), (2, 3), (3, 50)], ids=["step", "few", "many"])
+def test_prepared_feature_map_equals_the_reference(kernel, rows):
+    """The decoding fast path (sigma folded into a transposed matrix, one bmm) computes the same
+    features as feature_map, in fp64 to rounding and in fp32 closely, for any input strides."""
+    B, T = rows
+    H, K, D = 3, 8, 20
+    g = seeded(3)
+    W = torch.randn(H, D, K, generator=g, dtype=torch.float64)
+    sigma = 0.5 + torch.rand(H, K, generator=g, dtype=torch.float64)
+    x = torch.randn(T, B, H * K, generator=g, dtype=torch.float64).view(T, B, H, K).permute(1, 2, 0, 3)
+    matrix = projection_matrix(sigma, W)
+    assert matrix.shape == (H, K, D) and matrix.is_contiguous()
+    ref = feature_map(kernel, x, sigma, W)
+    out = prepared_feature_map(kernel, x, matrix)
+    assert out.shape == ref.shape == (B, H, T, feature_size(kernel, D))
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    out32 = prepared_feature_map(kernel, x.float(), projection_matrix(sigma.float(), W.float()))
+    assert out32.dtype == torch.float32
+    torch.testing.assert_close(out32, ref.float(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="laplace"):
+        prepared_feature_map("laplace", x, matrix)
 
 
 # ------------------------------------------------------------- (b) orthogonal matrices
