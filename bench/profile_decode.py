@@ -6,8 +6,13 @@ translation models, beam 4, forced length) once per model and length, with timer
 decoder's parts (forward hooks; on CUDA each timer synchronises, which adds a little time).
 Components, as shares of the whole generation:
 
-- self-attention, cross-attention: the decoder layers' ``self_attn`` and ``encoder_attn``;
-- state reorder: ``reorder_incremental_state`` (beam bookkeeping of the attention states);
+- self-attention, cross-attention: the attention computation of the decoder layers'
+  ``self_attn`` and ``encoder_attn``, without their linear projections (RFA: feature maps,
+  state update and readout; softmax: scores, softmax, weighted sum, key/value cache);
+- attention projections: the q/k/v/out (and RFA-Gate's gate) linear layers of both, which every
+  transformer of these dimensions pays;
+- state reorder: ``reorder_incremental_state`` (beam bookkeeping of the attention states; RFA
+  defers its gather to the next step, so there it is counted under self-attention);
 - FFN: ``fc1`` + ``fc2`` of every layer;
 - output projection + log-softmax: the 32k-way output layer and the normalisation;
 - rest of the decoder: embeddings, layer norms, residuals;
@@ -31,38 +36,44 @@ if REPO not in sys.path:
 from bench import decode_speed as ds  # noqa: E402
 from bench.common import fake_dictionary, machine_info, sync, write_json  # noqa: E402
 
-COMPONENTS = ["self-attention", "cross-attention", "state reorder", "FFN", "output projection + log-softmax",
-              "rest of the decoder", "encoder", "beam search and the rest"]
+COMPONENTS = ["self-attention", "cross-attention", "attention projections", "state reorder", "FFN",
+              "output projection + log-softmax", "rest of the decoder", "encoder", "beam search and the rest"]
+ATTENTION = ("self-attention", "cross-attention", "state reorder")  # the attention computation proper
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "out_proj", "gate_proj")
 
 
 class Timers:
+    """Seconds per component name. A component entered again while it is already being timed
+    (a wrapped method called from inside the hooked module) is not counted twice."""
+
     def __init__(self, device):
         self.device = device
         self.total = defaultdict(float)
-        self._start = {}
+        self._open = defaultdict(list)  # name -> start times of the calls in progress
+
+    def _enter(self, name):
+        sync(self.device)
+        self._open[name].append(time.perf_counter())
+
+    def _exit(self, name):
+        sync(self.device)
+        start = self._open[name].pop()
+        if not self._open[name]:
+            self.total[name] += time.perf_counter() - start
 
     def hook_module(self, module, name):
-        def pre(mod, inputs):
-            sync(self.device)
-            self._start[id(mod)] = time.perf_counter()
-
-        def post(mod, inputs, output):
-            sync(self.device)
-            self.total[name] += time.perf_counter() - self._start.pop(id(mod))
-
-        module.register_forward_pre_hook(pre)
-        module.register_forward_hook(post)
+        module.register_forward_pre_hook(lambda mod, inputs: self._enter(name))
+        module.register_forward_hook(lambda mod, inputs, output: self._exit(name))
 
     def wrap(self, owner, attr, name):
         original = getattr(owner, attr)
 
         def timed(*a, **kw):
-            sync(self.device)
-            t = time.perf_counter()
-            out = original(*a, **kw)
-            sync(self.device)
-            self.total[name] += time.perf_counter() - t
-            return out
+            self._enter(name)
+            try:
+                return original(*a, **kw)
+            finally:
+                self._exit(name)
 
         setattr(owner, attr, timed)
 
@@ -71,9 +82,17 @@ def profile(model, gen_fn, device):
     timers = Timers(device)
     dec = model.decoder
     for layer in dec.layers:
-        timers.hook_module(layer.self_attn, "self-attention")
-        if getattr(layer, "encoder_attn", None) is not None:
-            timers.hook_module(layer.encoder_attn, "cross-attention")
+        for attr, name in (("self_attn", "self-attention"), ("encoder_attn", "cross-attention")):
+            attn = getattr(layer, attr, None)
+            if attn is None:
+                continue
+            timers.hook_module(attn, name)
+            # fairseq's decoder layer reads the self-attention state before calling it; for RFA
+            # that read applies the beam reorder deferred to this step (the gather)
+            timers.wrap(attn, "_get_input_buffer", name)
+            for proj in PROJECTIONS:
+                if isinstance(getattr(attn, proj, None), torch.nn.Module):
+                    timers.hook_module(getattr(attn, proj), name + " projections")
         timers.hook_module(layer.fc1, "FFN")
         timers.hook_module(layer.fc2, "FFN")
     # The generator calls decoder.forward and encoder.forward_torchscript directly (no hooks fire).
@@ -89,9 +108,11 @@ def profile(model, gen_fn, device):
     sync(device)
     whole = time.perf_counter() - t
     tt = timers.total
+    projections = tt["self-attention projections"] + tt["cross-attention projections"]
     parts = {
-        "self-attention": tt["self-attention"],
-        "cross-attention": tt["cross-attention"],
+        "self-attention": tt["self-attention"] - tt["self-attention projections"],
+        "cross-attention": tt["cross-attention"] - tt["cross-attention projections"],
+        "attention projections": projections,
         "state reorder": tt["state reorder"],
         "FFN": tt["FFN"],
         "output projection + log-softmax": tt["output projection"] + tt["log-softmax"],
@@ -135,11 +156,14 @@ def main(argv=None):
             row = {"model": name, "length": length, "seconds": whole,
                    "ms_per_step": 1000 * whole / length,
                    "seconds_by_component": parts,
-                   "share_by_component": {k: v / whole for k, v in parts.items()}}
+                   "share_by_component": {k: v / whole for k, v in parts.items()},
+                   "attention_share": sum(parts[k] for k in ATTENTION) / whole}
             rows.append(row)
             print(f"\n{name} length {length}: {row['ms_per_step']:.2f} ms per step", flush=True)
             for k in COMPONENTS:
                 print(f"  {k:34s} {1000 * parts[k] / length:8.2f} ms/step  {100 * parts[k] / whole:5.1f}%")
+            print(f"  attention computation (self + cross + reorder, no projections): "
+                  f"{100 * row['attention_share']:.1f}%")
     if args.out:
         write_json(args.out, dict(machine_info(device), args=vars(args)), rows)
     return rows

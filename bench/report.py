@@ -110,11 +110,17 @@ def profile_table(data):
     rows = data["rows"]
     comps = list(rows[0]["share_by_component"])
     out = [header(data["meta"]), ""]
-    out.append("| model | length | ms/step | " + " | ".join(comps) + " |")
-    out.append("|---" * (3 + len(comps)) + "|")
+    extra = "attention_share" in rows[0]  # results from before the projections were split out lack it
+    out.append("| model | length | ms/step | " + " | ".join(comps) + (" | attention computation |" if extra else " |"))
+    out.append("|---" * (3 + len(comps) + extra) + "|")
     for r in rows:
-        out.append(f"| {NAMES[r['model']]} | {r['length']} | {r['ms_per_step']:.2f} | "
-                   + " | ".join(f"{100 * r['share_by_component'][c]:.1f}%" for c in comps) + " |")
+        cells = [f"{100 * r['share_by_component'][c]:.1f}%" for c in comps]
+        if extra:
+            cells.append(f"**{100 * r['attention_share']:.1f}%**")
+        out.append(f"| {NAMES[r['model']]} | {r['length']} | {r['ms_per_step']:.2f} | " + " | ".join(cells) + " |")
+    if extra:
+        out += ["", "Attention computation: self-attention + cross-attention + state reorder, without the "
+                    "q/k/v/out projections (those are in 'attention projections')."]
     return "\n".join(out)
 
 

@@ -82,10 +82,12 @@ class CausalRFAttention(nn.Module):
 
     def _project(self, x: Tensor, key_padding_mask: Optional[Tensor]):
         # One feature-map call for queries and keys (they share the map): half the small ops.
-        T = x.size(0)
+        # Stacked on the batch axis, each head's rows keep one stride, so the projection's bmm
+        # reads them without another copy.
+        B = x.size(1)
         qk = self.feature_map(torch.cat([split_heads(self.q_proj(x), self.num_heads),
-                                         split_heads(self.k_proj(x), self.num_heads)], dim=2))
-        q, k = qk[:, :, :T], qk[:, :, T:]
+                                         split_heads(self.k_proj(x), self.num_heads)], dim=0))
+        q, k = qk[:B], qk[B:]
         v = split_heads(self.v_proj(x), self.num_heads)
         log_g = None
         if self.gate_proj is not None:

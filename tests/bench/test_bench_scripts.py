@@ -86,7 +86,9 @@ def test_profile_shares_cover_the_whole_step(tmp_path):
         assert all(s >= 0 for s in shares.values())
         # every component is timed inside the whole generation, so they add up to (at most) 1
         assert sum(shares.values()) == pytest.approx(1.0, abs=0.02)
-        assert shares["self-attention"] > 0 and shares["FFN"] > 0
+        assert shares["self-attention"] > 0 and shares["FFN"] > 0 and shares["attention projections"] > 0
+        assert r["attention_share"] == pytest.approx(
+            shares["self-attention"] + shares["cross-attention"] + shares["state reorder"])
 
 
 def test_report_and_figure_render(decode_results, tmp_path):
