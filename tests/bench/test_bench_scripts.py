@@ -53,9 +53,34 @@ def test_decode_bench_skips_runs_predicted_too_long(tmp_path):
     assert "skipped" in rows[1] and "--max-seconds" in rows[1]["skipped"]
 
 
+def test_decode_bench_cpu_clock_and_min_statistic(tmp_path, monkeypatch):
+    """--clock cpu times runs with the process's CPU time and --statistic min keeps the fastest."""
+    calls = []
+    real = decode_speed.timed
+
+    def spy(*a, **kw):
+        calls.append(kw.get("clock"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(decode_speed, "timed", spy)
+    path = tmp_path / "d.json"
+    args = ["--task", "lm", "--lengths", "4", "--models", "rfa", "--clock", "cpu", "--statistic", "min",
+            "--out", str(path)] + TINY_DECODE
+    args[args.index("--repeats") + 1] = "3"
+    decode_speed.main(args)
+    row = json.loads(path.read_text())["rows"][0]
+    assert calls == ["cpu"] * 3
+    assert row["runs"] == 3 and row["seconds"] == min(row["all_seconds"])
+
+
 def test_decode_bench_rejects_bad_arguments():
     with pytest.raises(SystemExit):
         decode_speed.parse_args(["--lengths", "0"])
+    with pytest.raises(SystemExit):
+        decode_speed.parse_args(["--clock", "cpu", "--device", "cuda"])
+    with pytest.raises(ValueError, match="cpu"):
+        from bench.common import timed
+        timed(lambda: None, "cuda", repeats=1, clock="cpu")
 
 
 def test_train_bench_sdpa_baseline_is_the_same_function():
