@@ -65,10 +65,13 @@ class Timers:
         module.register_forward_pre_hook(lambda mod, inputs: self._enter(name))
         module.register_forward_hook(lambda mod, inputs, output: self._exit(name))
 
-    def wrap(self, owner, attr, name):
+    def wrap(self, owner, attr, name, unless=()):
+        """Time ``owner.attr`` under ``name``, except while a component in ``unless`` is timed."""
         original = getattr(owner, attr)
 
         def timed(*a, **kw):
+            if any(self._open[other] for other in unless):
+                return original(*a, **kw)
             self._enter(name)
             try:
                 return original(*a, **kw)
@@ -89,7 +92,8 @@ def profile(model, gen_fn, device):
             timers.hook_module(attn, name)
             # fairseq's decoder layer reads the self-attention state before calling it; for RFA
             # that read applies the beam reorder deferred to this step (the gather)
-            timers.wrap(attn, "_get_input_buffer", name)
+            # (softmax's own reorder reads it too: that time stays with the reorder)
+            timers.wrap(attn, "_get_input_buffer", name, unless=("state reorder",))
             for proj in PROJECTIONS:
                 if isinstance(getattr(attn, proj, None), torch.nn.Module):
                     timers.hook_module(getattr(attn, proj), name + " projections")

@@ -116,6 +116,30 @@ def test_profile_shares_cover_the_whole_step(tmp_path):
             shares["self-attention"] + shares["cross-attention"] + shares["state reorder"])
 
 
+def test_profile_timers_count_nested_calls_once_and_honour_unless(monkeypatch):
+    clock = iter(range(100))
+    monkeypatch.setattr(profile_decode.time, "perf_counter", lambda: next(clock))
+    timers = profile_decode.Timers("cpu")
+
+    class Owner:
+        def inner(self):
+            return "inner"
+
+        def outer(self):
+            return self.inner()
+
+    owner = Owner()
+    timers.wrap(owner, "inner", "a")
+    timers.wrap(owner, "outer", "a")
+    assert owner.outer() == "inner"
+    # the clock reads 0 as outer enters, 1 as inner enters (nested: its exit adds nothing and
+    # reads no clock), 2 as outer leaves: "a" is 2, not 2 + inner's time
+    assert timers.total["a"] == 2
+    timers.wrap(owner, "inner", "b", unless=("a",))
+    owner.outer()  # inner runs while "a" is timed: "b" gets nothing
+    assert timers.total["b"] == 0
+
+
 def test_report_and_figure_render(decode_results, tmp_path):
     md = tmp_path / "report.md"
     report.main(["--translation", str(decode_results["translation"]), "--lm", str(decode_results["lm"]),
