@@ -3,7 +3,9 @@
 Drop-in for fairseq's MultiheadAttention in a decoder layer's ``encoder_attn`` slot. Layout:
 Time x Batch x Channel. The source is summarised once into ``(S [Bs, H, F, K], z [Bs, H, F])``
 (padding excluded), kept packed as ``Sz [Bs, H, F, K + 1]``; every decoding step and every beam
-reads that summary at O(F K) per head.
+reads that summary at O(F K) per head. A decoding state over a source shorter than
+``F (K + 1) / (F + K + 1)`` tokens keeps the attention form instead (``phi(K)^T`` and
+``[V | 1]``, O(S (F + K)) per head and step): the same result in fewer bytes.
 
 Beam search (fairseq's SequenceGenerator calls ``set_beam_size``): the encoder output is
 repeated ``beam`` times, sentence-major, so the state is computed from one copy per sentence
@@ -16,7 +18,8 @@ import torch
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
 
-from ..ops import cross_rfa_apply, cross_rfa_state, cross_rfa_weights
+from ..ops import cross_rfa_apply, cross_rfa_apply_keys, cross_rfa_keys, cross_rfa_state, cross_rfa_weights
+from ..ops import keys_form_is_smaller
 from ..ops.denominator import DEFAULT_EPS
 from .causal_rfa_attention import IncrementalState, init_projection
 from .heads import merge_heads, split_heads
@@ -81,16 +84,20 @@ class CrossRFAttention(nn.Module):
         return beam
 
     def _source_state(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], rows: int,
-                      keep_keys: bool) -> Dict[str, Optional[Tensor]]:
+                      keep_keys: bool, decoding: bool = False) -> Dict[str, Optional[Tensor]]:
+        """The source's summary ``Sz``, or, for a decoding state over a short source, its
+        attention form ``kT``, ``v1`` (fewer numbers for every step to read; the same result)."""
         if rows > 1:
             key, value = key[:, ::rows], value[:, ::rows]
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask[::rows]
         k = self.feature_map(split_heads(self.k_proj(key), self.num_heads))
         v = split_heads(self.v_proj(value), self.num_heads)
-        saved: Dict[str, Optional[Tensor]] = {
-            "Sz": cross_rfa_state(k, v, key_padding_mask, packed=True), "rows_per_source": torch.tensor([rows]),
-        }
+        saved: Dict[str, Optional[Tensor]] = {"rows_per_source": torch.tensor([rows])}
+        if decoding and not keep_keys and keys_form_is_smaller(k.shape[2], k.shape[3], v.shape[3]):
+            saved["kT"], saved["v1"] = cross_rfa_keys(k, v, key_padding_mask)
+        else:
+            saved["Sz"] = cross_rfa_state(k, v, key_padding_mask, packed=True)
         if keep_keys:
             saved["k"] = k
             saved["key_padding_mask"] = key_padding_mask
@@ -127,16 +134,18 @@ class CrossRFAttention(nn.Module):
                 raise ValueError("CrossRFAttention needs the encoder output on the first step")
             rows = self._rows_per_source(key, key_padding_mask, B) if incremental_state is not None else 1
             saved = self._source_state(key, value if value is not None else key, key_padding_mask, rows,
-                                       keep_keys=need_weights)
+                                       keep_keys=need_weights, decoding=incremental_state is not None)
             if incremental_state is not None:
                 self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
-        state = saved["Sz"]
         q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
-        out = cross_rfa_apply(q, state, eps=self.eps, out_dtype=query.dtype)
+        if "Sz" in saved:
+            out = cross_rfa_apply(q, saved["Sz"], eps=self.eps, out_dtype=query.dtype)
+        else:
+            out = cross_rfa_apply_keys(q, (saved["kT"], saved["v1"]), eps=self.eps, out_dtype=query.dtype)
         out = self.out_proj(merge_heads(out))
         weights = None
-        if need_weights:
-            weights = cross_rfa_weights(q, saved["k"], state, saved.get("key_padding_mask"), eps=self.eps)
+        if need_weights:  # the state then holds the summary and the keys (see _source_state)
+            weights = cross_rfa_weights(q, saved["k"], saved["Sz"], saved.get("key_padding_mask"), eps=self.eps)
             weights = weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
         return out, weights
 
@@ -145,7 +154,7 @@ class CrossRFAttention(nn.Module):
         if saved is None:
             return incremental_state
         rows = int(saved["rows_per_source"][0])
-        num_sources = saved["Sz"].size(0)
+        num_sources = (saved["Sz"] if "Sz" in saved else saved["kT"]).size(0)
         if rows > 1:
             if num_sources * rows == new_order.numel():
                 return incremental_state  # beams were reordered within their sentences

@@ -10,7 +10,15 @@ from .causal_rfa import (
     recurrent_causal_rfa_step_packed,
     unpack_state,
 )
-from .cross_rfa import cross_rfa_apply, cross_rfa_state, cross_rfa_weights, naive_cross_rfa
+from .cross_rfa import (
+    cross_rfa_apply,
+    cross_rfa_apply_keys,
+    cross_rfa_keys,
+    cross_rfa_state,
+    cross_rfa_weights,
+    keys_form_is_smaller,
+    naive_cross_rfa,
+)
 from .denominator import DEFAULT_EPS, guarded_ratio
 from .feature_maps import (
     KERNELS,
@@ -27,6 +35,7 @@ __all__ = [
     "chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa_step", "recurrent_causal_rfa_step_packed",
     "pack_state", "unpack_state",
     "cross_rfa_apply", "cross_rfa_state", "cross_rfa_weights", "naive_cross_rfa",
+    "cross_rfa_keys", "cross_rfa_apply_keys", "keys_form_is_smaller",
     "DEFAULT_EPS", "guarded_ratio",
     "KERNELS", "RANDOM_MATRICES", "feature_map", "feature_size", "l2_normalize", "sample_random_matrix",
     "prepared_feature_map", "projection_matrix",

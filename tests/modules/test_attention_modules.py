@@ -62,12 +62,21 @@ def test_cross_module_matches_naive_with_padding_and_weights():
     torch.testing.assert_close(wh.mean(0), w)
 
 
-def test_cross_incremental_beam_sharing_and_reorder():
+def _cross_state(saved):
+    """The per-sentence tensors of a cross-attention decoding state, whichever form it holds."""
+    return [saved[name] for name in ("Sz", "kT", "v1") if name in saved]
+
+
+@pytest.mark.parametrize("S,form", [(7, "kT"), (12, "Sz")], ids=["short_source", "long_source"])
+def test_cross_incremental_beam_sharing_and_reorder(S, form):
+    """A short source is kept as keys and values (fewer numbers than the summary: F = 80, K = 8
+    here, so below 720 / 89 = 8.1 tokens), a longer one as the summary; either way one per
+    sentence, equal to the full forward, and reordered by sentence."""
     torch.manual_seed(2)
-    beam, bsz, S = 3, 4, 7
+    beam, bsz = 3, 4
     attn = CrossRFAttention(C, H, fmap(1)).eval()
     enc = torch.randn(S, bsz, C)
-    mask = _left_pad_mask([7, 3, 5, 6], S)
+    mask = _left_pad_mask([S, 3, 5, 6], S)
     enc_b = enc.repeat_interleave(beam, dim=1)  # sentence-major, as fairseq's generator lays it out
     mask_b = mask.repeat_interleave(beam, dim=0)
     attn.set_beam_size(beam)
@@ -78,11 +87,12 @@ def test_cross_incremental_beam_sharing_and_reorder():
         full0, _ = attn(steps[0], enc_b, enc_b, key_padding_mask=mask_b)
         torch.testing.assert_close(out0, full0, rtol=1e-5, atol=1e-6)
         saved = attn._get_input_buffer(state)
-        assert saved["Sz"].shape[0] == bsz  # one source summary per sentence, not per beam
-        S_before = saved["Sz"]
+        assert form in saved and ({"Sz", "kT"} - {form}).isdisjoint(saved)
+        before = _cross_state(saved)
+        assert all(t.shape[0] == bsz for t in before)  # one source state per sentence, not per beam
         within = torch.arange(bsz * beam).view(bsz, beam).flip(1).reshape(-1)  # reorder beams inside sentences
         attn.reorder_incremental_state(state, within)
-        assert attn._get_input_buffer(state)["Sz"] is S_before  # no copy
+        assert all(a is b for a, b in zip(_cross_state(attn._get_input_buffer(state)), before))  # no copy
         # drop sentence 1: the generator keeps rows of sentences 0, 2, 3 (with beams reordered)
         keep = torch.tensor([0, 2, 3])
         new_order = (keep[:, None] * beam + torch.tensor([2, 0, 1])[None, :]).reshape(-1)
@@ -92,7 +102,14 @@ def test_cross_incremental_beam_sharing_and_reorder():
                        incremental_state=state)
         full1, _ = attn(q, enc_b[:, new_order], enc_b[:, new_order], key_padding_mask=mask_b[new_order])
         torch.testing.assert_close(out1, full1, rtol=1e-5, atol=1e-6)
-        assert attn._get_input_buffer(state)["Sz"].shape[0] == 3
+        assert all(t.shape[0] == 3 for t in _cross_state(attn._get_input_buffer(state)))
+        # alignment weights asked for mid-decode: the state is rebuilt with the summary and keys
+        _, w = attn(q, enc_b[:, new_order], enc_b[:, new_order], key_padding_mask=mask_b[new_order],
+                    incremental_state=state, need_weights=True)
+        _, w_full = attn(q, enc_b[:, new_order], enc_b[:, new_order], key_padding_mask=mask_b[new_order],
+                         need_weights=True)
+        torch.testing.assert_close(w, w_full, rtol=1e-5, atol=1e-6)
+        assert "Sz" in attn._get_input_buffer(state)
 
 
 def test_causal_incremental_reorder_follows_new_order():
@@ -285,7 +302,7 @@ def test_cross_beam_size_with_distinct_rows_falls_back_to_per_row_state():
         state = {}
         out, _ = attn(query, enc, enc, incremental_state=state)
         full, _ = attn(query, enc, enc)
-    assert attn._get_input_buffer(state)["Sz"].shape[0] == 4
+    assert all(t.shape[0] == 4 for t in _cross_state(attn._get_input_buffer(state)))
     torch.testing.assert_close(out, full, rtol=1e-5, atol=1e-6)
 
 
