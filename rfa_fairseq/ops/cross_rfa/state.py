@@ -20,16 +20,22 @@ from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
 State = Union[Tensor, Tuple[Tensor, Tensor]]
 
 
+def _keys_and_values(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """phi(k) with padding positions zeroed, and ``[v | 1]``, in the accumulation dtype."""
+    acc = compute_dtype(k)
+    kf = k.to(acc)
+    if key_padding_mask is not None:
+        kf = kf.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), 0.0)
+    return kf, F.pad(v.to(acc), (0, 1), value=1.0)
+
+
 def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, packed: bool = False) -> State:
     """k: ``[B, H, S, F]``, v: ``[B, H, S, K]``, key_padding_mask ``[B, S]`` (True = pad).
 
     Returns ``(S [B, H, F, K], z [B, H, F])`` in fp32, or with ``packed`` the one tensor
     ``[S | z]`` of shape ``[B, H, F, K + 1]`` that :func:`cross_rfa_apply` reads in one matmul."""
-    acc = compute_dtype(k)
-    kf = k.to(acc)
-    if key_padding_mask is not None:
-        kf = kf.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), 0.0)
-    Sz = kf.transpose(-1, -2) @ F.pad(v.to(acc), (0, 1), value=1.0)
+    kf, v1 = _keys_and_values(k, v, key_padding_mask)
+    Sz = kf.transpose(-1, -2) @ v1
     return Sz if packed else unpack_state(Sz)
 
 
@@ -74,11 +80,8 @@ def cross_rfa_keys(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = No
 
     ``(phi(q) phi(K)^T) [V | 1] = phi(q) (phi(K)^T [V | 1]) = phi(q) [S | z]``: the same numbers
     as the summary up to rounding, in fewer bytes for short sources (:func:`keys_form_is_smaller`)."""
-    acc = compute_dtype(k)
-    kf = k.to(acc)
-    if key_padding_mask is not None:
-        kf = kf.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), 0.0)
-    return kf.transpose(-1, -2).contiguous(), F.pad(v.to(acc), (0, 1), value=1.0)
+    kf, v1 = _keys_and_values(k, v, key_padding_mask)
+    return kf.transpose(-1, -2).contiguous(), v1
 
 
 def cross_rfa_apply_keys(q: Tensor, keys: Tuple[Tensor, Tensor], eps: float = DEFAULT_EPS, out_dtype=None) -> Tensor:
