@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
 
-from ..ops import chunk_causal_rfa, pack_state, recurrent_causal_rfa_step_packed, unpack_state
+from ..ops import causal_keys_step, chunk_causal_rfa, gather_keys, keys_capacity, keys_to_summary, pack_state
+from ..ops import recurrent_causal_rfa_step_packed, unpack_state
 from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE
 from ..ops.denominator import DEFAULT_EPS
 from .heads import merge_heads, split_heads
@@ -130,27 +131,60 @@ class CausalRFAttention(nn.Module):
         if incremental_state is None:
             out = chunk_causal_rfa(q, k, v, log_g, eps=self.eps, chunk_size=self.chunk_size)
         else:
-            saved = self._current_state(incremental_state)
-            Sz = None if saved is None else saved["Sz"]
-            if T == 1:
-                # The state tensor is ours alone (made here or gathered by _current_state), so
-                # without autograd it can be updated in place.
-                o, Sz = recurrent_causal_rfa_step_packed(
-                    q[:, :, 0], k[:, :, 0], v[:, :, 0], None if log_g is None else log_g[:, :, 0],
-                    Sz, eps=self.eps, inplace=not torch.is_grad_enabled(),
-                )
-                out = o.unsqueeze(2)
-            else:
-                out, final = chunk_causal_rfa(
-                    q, k, v, log_g, initial_state=None if Sz is None else unpack_state(Sz),
-                    output_final_state=True, eps=self.eps, chunk_size=self.chunk_size,
-                )
-                Sz = pack_state(*final)
-            if saved is None:
-                self.set_incremental_state(incremental_state, self.STATE_KEY, {"Sz": Sz})
-            elif Sz is not saved["Sz"]:  # updated in place: the saved dict already holds it
-                saved["Sz"] = Sz  # the reorder's spare buffer, if any, stays beside it
+            out = self._decode(incremental_state, q, k, v, log_g)
         return self.out_proj(merge_heads(out)), None
+
+    def _decode(self, incremental_state: IncrementalState, q: Tensor, k: Tensor, v: Tensor,
+                log_g: Optional[Tensor]) -> Tensor:
+        """Incremental decoding: advance this layer's state by the new tokens and read them out.
+
+        A decode that starts one token at a time keeps the attention form (``keys``: phi(k),
+        ``[v | 1]`` and gate weights of the tokens so far, in a buffer the summary's size, see
+        ``ops.causal_rfa.keys``) while it holds fewer numbers than the summary, then folds it into
+        the summary ``Sz``: the same outputs, fewer bytes read and copied in the first steps.
+        Several tokens in one call (a prompt) go through the chunked form and the summary.
+        """
+        saved = self._current_state(incremental_state)
+        if saved is None:
+            saved = {}
+            self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
+        # A state this module made (or gathered in _current_state) is ours alone, so without
+        # autograd it is updated in place.
+        inplace = not torch.is_grad_enabled()
+        T = q.size(2)
+        last = None if log_g is None else log_g[:, :, 0]
+        if T == 1 and "Sz" not in saved and saved.get("len", 0) < self.keys_capacity:
+            length = saved.get("len", 0)
+            o, saved["keys"] = causal_keys_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], last, saved.get("keys"), length,
+                                                eps=self.eps, inplace=inplace)
+            saved["len"] = length + 1
+            return o.unsqueeze(2)
+        if "keys" in saved:
+            self._fold_keys(saved)
+        Sz = saved.get("Sz")
+        if T == 1:
+            o, Sz = recurrent_causal_rfa_step_packed(q[:, :, 0], k[:, :, 0], v[:, :, 0], last, Sz, eps=self.eps,
+                                                     inplace=inplace)
+            out = o.unsqueeze(2)
+        else:
+            out, final = chunk_causal_rfa(
+                q, k, v, log_g, initial_state=None if Sz is None else unpack_state(Sz),
+                output_final_state=True, eps=self.eps, chunk_size=self.chunk_size,
+            )
+            Sz = pack_state(*final)
+        saved["Sz"] = Sz  # the reorder's spare buffer, if any, stays beside it
+        return out
+
+    @property
+    def keys_capacity(self) -> int:
+        """How many tokens a decode keeps in the attention form before folding them."""
+        return keys_capacity(self.feature_map.output_dim, self.head_dim, self.gate_proj is not None)
+
+    def _fold_keys(self, saved: Dict) -> None:
+        """The attention form -> the summary ``Sz`` (a new tensor of the same size; the keys
+        buffer is dropped, not kept as a spare that a decode without reorders would never use)."""
+        buf, length = saved.pop("keys"), saved.pop("len")
+        saved["Sz"] = keys_to_summary(buf, length, self.gate_proj is not None)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """Beam search: the rows of the state that the surviving hypotheses continue.
@@ -179,22 +213,28 @@ class CausalRFAttention(nn.Module):
         if saved is None or saved.get("order") is None:
             return saved
         order = saved.pop("order")
-        Sz, spare = saved["Sz"], saved.pop("spare", None)
-        rows = Sz.size(0)
+        name = "keys" if "keys" in saved else "Sz"
+        buf, spare = saved[name], saved.pop("spare", None)
+        rows = buf.size(0)
         if order.numel() == rows and torch.equal(order, _arange(rows, order.device)):
             pass
-        elif torch.is_grad_enabled() or Sz.requires_grad or spare is None or order.numel() != rows:
+        elif torch.is_grad_enabled() or buf.requires_grad or spare is None or order.numel() != rows:
             # The first reorder, a batch that shrank, or autograd: a fresh tensor (the old one
             # becomes the spare when the shapes match, so later steps stop allocating).
-            keep = not (torch.is_grad_enabled() or Sz.requires_grad) and order.numel() == rows
-            Sz, spare = Sz.index_select(0, order), (Sz if keep else None)
+            keep = not (torch.is_grad_enabled() or buf.requires_grad) and order.numel() == rows
+            buf, spare = self._gather(saved, buf, order), (buf if keep else None)
         else:
-            torch.index_select(Sz, 0, order, out=spare)
-            Sz, spare = spare, Sz
-        saved["Sz"] = Sz
+            buf, spare = self._gather(saved, buf, order, out=spare), buf
+        saved[name] = buf
         if spare is not None:
             saved["spare"] = spare
         return saved
+
+    def _gather(self, saved: Dict, buf: Tensor, order: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        """``buf``'s batch rows in ``order``: of the attention form only the keys in use."""
+        if "keys" in saved:
+            return gather_keys(buf, saved["len"], order, self.gate_proj is not None, out=out)
+        return buf.index_select(0, order) if out is None else torch.index_select(buf, 0, order, out=out)
 
     # fairseq's decoder layer reads these on MultiheadAttention; keep the same names.
     def _get_input_buffer(self, incremental_state: Optional[IncrementalState]) -> Dict[str, Optional[Tensor]]:

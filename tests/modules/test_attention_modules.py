@@ -6,6 +6,7 @@ import torch
 from rfa_fairseq.modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap
 from rfa_fairseq.modules.heads import merge_heads, split_heads
 from rfa_fairseq.ops import naive_causal_rfa, naive_cross_rfa
+from rfa_fairseq.ops.causal_rfa import key_rows
 
 C, H = 24, 3
 
@@ -112,6 +113,49 @@ def test_cross_incremental_beam_sharing_and_reorder(S, form):
         assert "Sz" in attn._get_input_buffer(state)
 
 
+def _causal_buffer(saved):
+    """The state tensor of a causal decoding state, whichever form it holds."""
+    assert ("keys" in saved) != ("Sz" in saved), sorted(saved)
+    return saved["keys"] if "keys" in saved else saved["Sz"]
+
+
+def _causal_values(saved, gated):
+    """The numbers of a causal decoding state that mean something: all of the summary, or the
+    rows of the keys in use (the rest of the keys buffer is unused memory)."""
+    if "keys" in saved:
+        return key_rows(saved["keys"], gated)[: saved["len"]]
+    return saved["Sz"]
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["rfa", "gate"])
+def test_causal_decoding_keeps_the_attention_form_then_the_summary(gate):
+    """Single steps from an empty state: the attention form for keys_capacity tokens, then the
+    summary, in a buffer of one size throughout; the outputs equal the full (chunked) forward."""
+    torch.manual_seed(4)
+    attn = CausalRFAttention(C, H, fmap(), gate=gate, chunk_size=4).double().eval()
+    n = attn.keys_capacity
+    assert n == 8  # F = 80, K = 8: 720 numbers per head hold 8 rows of 89 or 90
+    x = torch.randn(n + 4, 3, C, dtype=torch.float64)
+    full, _ = attn(x)
+    state, shapes = {}, set()
+    with torch.no_grad():
+        for t in range(n + 4):
+            out, _ = attn(x[t : t + 1], incremental_state=state)
+            torch.testing.assert_close(out[0], full[t], rtol=1e-10, atol=1e-12, msg=lambda m: f"step {t}: {m}")
+            saved = attn._get_input_buffer(state)
+            assert ("keys" in saved) == (t + 1 <= n), f"step {t}: {sorted(saved)}"
+            if "keys" in saved:
+                assert saved["len"] == t + 1
+            shapes.add(tuple(_causal_buffer(saved).shape))
+        assert shapes == {(3, H, 80, C // H + 1)}
+        # a prompt (several tokens in one call) after single steps folds the keys first
+        state = {}
+        attn(x[:1], incremental_state=state)
+        out, _ = attn(x[1:5], incremental_state=state)
+        assert "Sz" in attn._get_input_buffer(state)
+    torch.testing.assert_close(out, full[1:5], rtol=1e-10, atol=1e-12)
+
+
 def test_causal_incremental_reorder_follows_new_order():
     torch.manual_seed(3)
     attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
@@ -160,13 +204,14 @@ def test_causal_reorders_over_many_steps_follow_the_histories(grad):
             buf = attn._get_input_buffer(state)
             # the spare exists from the first reorder on, until the batch shrinks (after step 10)
             assert ("spare" in buf) == (not grad and 1 <= t <= 10), f"step {t}: {sorted(buf)}"
+            assert ("keys" in buf) == (t + 1 <= attn.keys_capacity), f"step {t}: {sorted(buf)}"
             if "spare" in buf:
-                assert buf["spare"].data_ptr() != buf["Sz"].data_ptr()
+                assert buf["spare"].data_ptr() != _causal_buffer(buf).data_ptr()
             if t < len(orders):
                 order = orders[t]
                 history = [history[o] + [o] for o in order.tolist()]
                 attn.reorder_incremental_state(state, order)
-                assert attn._get_input_buffer(state)["Sz"].shape[0] == order.numel()
+                assert _causal_buffer(attn._get_input_buffer(state)).shape[0] == order.numel()
 
 
 def test_causal_reorder_after_a_multi_token_prefix():
@@ -193,14 +238,16 @@ def test_causal_reorder_after_a_multi_token_prefix():
             cols = [c + [r] for r, c in enumerate(cols)]
 
 
-def test_causal_identity_reorder_copies_nothing():
+@pytest.mark.parametrize("steps", [1, 10], ids=["keys", "summary"])
+def test_causal_identity_reorder_copies_nothing(steps):
     attn = CausalRFAttention(C, H, fmap()).eval()
     with torch.no_grad():
         state = {}
-        attn(torch.randn(1, 3, C), incremental_state=state)
-        S = attn._get_input_buffer(state)["Sz"]
+        for _ in range(steps):
+            attn(torch.randn(1, 3, C), incremental_state=state)
+        S = _causal_buffer(attn._get_input_buffer(state))
         attn.reorder_incremental_state(state, torch.arange(3))
-        assert attn._get_input_buffer(state)["Sz"] is S
+        assert _causal_buffer(attn._get_input_buffer(state)) is S
 
 
 def test_random_feature_draws_are_seeded_per_step_and_module():
@@ -266,29 +313,33 @@ def test_feature_map_without_autograd_reuses_a_prepared_matrix_until_something_c
         torch.testing.assert_close(m(x), other(x), rtol=0, atol=0)
 
 
-def test_causal_reorders_are_deferred_to_the_next_step_and_compose():
+@pytest.mark.parametrize("steps", [3, 10], ids=["keys", "summary"])
+def test_causal_reorders_are_deferred_to_the_next_step_and_compose(steps):
     """A reorder only records the order (no state-sized copy: the gather happens in the next
     step, next to the update); two reorders before a step act as their composition, and a
     reader of the state sees them applied."""
     torch.manual_seed(13)
     attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
-    x = torch.randn(4, 4, C)
+    x = torch.randn(steps + 1, 4, C)
     a, b = torch.tensor([1, 1, 3, 0]), torch.tensor([2, 0, 0, 1])
     with torch.no_grad():
         state, ref_state = {}, {}
-        for t in range(3):
+        for t in range(steps):
             attn(x[t : t + 1], incremental_state=state)
             attn(x[t : t + 1], incremental_state=ref_state)
-        before = attn.get_incremental_state(state, attn.STATE_KEY)["Sz"]
+        saved = attn.get_incremental_state(state, attn.STATE_KEY)
+        before = _causal_buffer(saved)
+        expected = _causal_values(saved, gated=True).clone()[:, a[b]] if "keys" in saved else before[a[b]]
         values = before.clone()
         attn.reorder_incremental_state(state, a)
         attn.reorder_incremental_state(state, b)
-        held = attn.get_incremental_state(state, attn.STATE_KEY)["Sz"]
+        held = _causal_buffer(attn.get_incremental_state(state, attn.STATE_KEY))
         assert held is before and torch.equal(held, values), "nothing was gathered yet"
         attn.reorder_incremental_state(ref_state, a[b])
-        torch.testing.assert_close(attn._get_input_buffer(state)["Sz"], values[a[b]], rtol=0, atol=0)
-        out, _ = attn(x[3:4], incremental_state=state)
-        ref, _ = attn(x[3:4], incremental_state=ref_state)
+        torch.testing.assert_close(_causal_values(attn._get_input_buffer(state), gated=True), expected,
+                                   rtol=0, atol=0)
+        out, _ = attn(x[steps : steps + 1], incremental_state=state)
+        ref, _ = attn(x[steps : steps + 1], incremental_state=ref_state)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from rfa_test_utils import random_tokens
 from rfa_fairseq.modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap
 from rfa_fairseq.modules.heads import merge_heads, split_heads
-from rfa_fairseq.ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state, unpack_state
+from rfa_fairseq.ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state, keys_to_summary, unpack_state
 
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 DTYPES = [
@@ -93,8 +93,12 @@ def test_16k_step_decoding_stays_finite_bounded_and_accurate(long_run_reference,
             outs[t] = o[0]
             if t + 1 in checkpoints:
                 buf = attn._get_input_buffer(state)
-                assert set(buf) == {"Sz"}, f"step {t + 1}: state holds {sorted(buf)}"
-                S, z = unpack_state(buf["Sz"])
+                if t + 1 <= attn.keys_capacity:  # the first tokens: the attention form, same size
+                    assert set(buf) == {"keys", "len"} and buf["len"] == t + 1, f"step {t + 1}: {sorted(buf)}"
+                    S, z = unpack_state(keys_to_summary(buf["keys"], t + 1, gate))
+                else:
+                    assert set(buf) == {"Sz"}, f"step {t + 1}: state holds {sorted(buf)}"
+                    S, z = unpack_state(buf["Sz"])
                 assert S.dtype == torch.float32 and z.dtype == torch.float32, f"step {t + 1}: {S.dtype}/{z.dtype}"
                 assert S.shape == (BATCH, HEADS, PHI_DIM, HEAD_DIM), f"step {t + 1}: S {tuple(S.shape)}"
                 assert z.shape == (BATCH, HEADS, PHI_DIM), f"step {t + 1}: z {tuple(z.shape)}"
