@@ -329,10 +329,12 @@ def test_keys_step_inplace_equals_out_of_place_and_leaves_its_input(gen, gate):
         buf_ref = buf_ip = None
         for t in range(T):
             args = (q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t])
+            # (rows past the t in use are unused memory, maybe NaN garbage: compared as bits)
             before = None if buf_ref is None else buf_ref.clone()
             o_ref, new_ref = causal_keys_step(*args, buf_ref, t, inplace=False)
             if before is not None:
-                assert torch.equal(buf_ref, before), "the out-of-place step wrote into its input"
+                assert torch.equal(buf_ref.view(torch.int32), before.view(torch.int32)), \
+                    "the out-of-place step wrote into its input"
             o_ip, new_ip = causal_keys_step(*args, buf_ip, t, inplace=True)
             if buf_ip is not None:
                 assert new_ip is buf_ip
