@@ -6,6 +6,8 @@ only looks back), so the decoder's future mask adds nothing and is only checked 
 During incremental decoding the state per layer is just ``S [B, H, F, K]`` and ``z [B, H, F]``
 in fp32, packed as one tensor ``Sz [B, H, F, K + 1]`` (``z`` the last column; see
 ``ops.causal_rfa.recurrent``): its size does not depend on how many tokens have been decoded.
+The first tokens of a decode are kept in the attention form instead (``ops.causal_rfa.keys``),
+in a buffer of the same shape, until they would outgrow the summary.
 """
 from typing import Dict, Optional, Tuple
 
