@@ -6,8 +6,9 @@ attention kept as its keys, values and gate weights,
 
     Sz_t = sum_{i <= t} w_{t,i} phi(k_i) [v_i | 1]^T,   w_{t,i} = (1 - g_i) prod_{i < j <= t} g_j
 
-(``w = 1`` without a gate), holds ``t (F + K + 2)`` numbers: fewer while ``t`` is below
-:func:`keys_capacity` (51 for F = 256, K = 64). A step then reads ``phi(q) . phi(k_i)`` for the
+(``w = 1`` without a gate), holds ``t (F + K + 1)`` numbers (plus ``t`` gate weights): fewer
+while ``t`` is below :func:`keys_capacity` (43 for the default self-attention F = 128, K = 64;
+42 with a gate). A step then reads ``phi(q) . phi(k_i)`` for the
 ``t`` keys and mixes their ``[v_i | 1]``: the output of :func:`recurrent_causal_rfa_step_packed`
 up to rounding. When the keys would outgrow the summary, :func:`keys_to_summary` folds them into
 ``Sz`` and decoding continues with the packed step.
