@@ -131,8 +131,9 @@ def data_dir(vocab: int) -> str:
     return _DATA_DIRS[vocab]
 
 
-def build(variant: str, dims: Dict, max_len: int, seed: int = 0):
-    """The model of ``variant`` (random weights from ``seed``) and its task."""
+def build(variant: str, dims: Dict, max_len: int, seed: int = 0, rfa_args: Optional[List[str]] = None):
+    """The model of ``variant`` (random weights from ``seed``) and its task; ``rfa_args``: more
+    command-line words for the RFA variants (e.g. ``--rfa-no-recompute``)."""
     from fairseq import options, tasks
 
     parser = options.get_training_parser()
@@ -143,7 +144,7 @@ def build(variant: str, dims: Dict, max_len: int, seed: int = 0):
         "--decoder-layers", str(dims["layers"]), "--decoder-embed-dim", str(dims["embed_dim"]),
         "--decoder-input-dim", str(dims["embed_dim"]), "--decoder-output-dim", str(dims["embed_dim"]),
         "--decoder-attention-heads", str(dims["heads"]), "--decoder-ffn-embed-dim", str(dims["ffn_dim"]),
-    ] + ARCH[variant])
+    ] + ARCH[variant] + ([] if variant in QUADRATIC else list(rfa_args or [])))
     task = tasks.setup_task(args)
     torch.manual_seed(seed)
     model = task.build_model(args)
@@ -241,7 +242,7 @@ def run(args) -> List[Dict]:
     print(f"{'variant':9s} {'length':>6s} {'batch':>5s} {'s/step':>9s} {'tokens/s':>10s} "
           f"{'vs softmax':>10s} {'vs sdpa':>8s} {'peak MiB':>9s}", flush=True)
     for variant in args.variants:
-        model, task = build(variant, dims, max(args.lengths), seed=args.seed)
+        model, task = build(variant, dims, max(args.lengths), seed=args.seed, rfa_args=args.rfa_args)
         model.to(device).train()
         d = task.source_dictionary
         n_params = sum(p.numel() for n, p in model.named_parameters() if "output_projection" not in n)
@@ -322,6 +323,9 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int)
     p.add_argument("--threads", type=int, help="torch intra-op threads (CPU)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rfa-args", nargs="+", default=[], metavar="WORD",
+                   help="more fairseq flags for the RFA variants, e.g. --rfa-args=--rfa-no-recompute "
+                        "(keep the attention intermediates for the backward pass instead of recomputing them)")
     p.add_argument("--check", action="store_true", help="first check that sdpa == fairseq softmax (raises if not)")
     p.add_argument("--check-only", action="store_true", help="run the check and exit")
     p.add_argument("--out", help="JSON output path")

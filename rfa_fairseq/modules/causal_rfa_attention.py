@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..ops import causal_keys_step, chunk_causal_rfa, gather_keys, keys_capacity, keys_to_summary, pack_state
 from ..ops import recurrent_causal_rfa_step_packed, unpack_state
@@ -51,6 +52,10 @@ class CausalRFAttention(nn.Module):
         embed_dim: model dimension ``C``; num_heads: ``H`` (``K = C / H``).
         feature_map: the :class:`RandomFeatureMap` shared by queries and keys.
         gate: learn ``g_t = sigmoid(w_g . x_t + b_g)`` per head and step.
+        recompute: under autograd, keep only the heads ``q, k, v`` (and log-gates) of a
+            whole-sequence call for the backward pass, and compute the feature maps and the
+            chunked form again there, instead of keeping their intermediates (about four times
+            the heads' size). Decoding is not affected.
     """
 
     STATE_KEY = "rfa_state"
@@ -64,13 +69,14 @@ class CausalRFAttention(nn.Module):
         bias: bool = True,
         eps: float = DEFAULT_EPS,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        recompute: bool = True,
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
-        self.eps, self.chunk_size = eps, chunk_size
+        self.eps, self.chunk_size, self.recompute = eps, chunk_size, recompute
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -83,25 +89,45 @@ class CausalRFAttention(nn.Module):
         if self.gate_proj is not None:
             init_projection(self.gate_proj)
 
-    def _project(self, x: Tensor, key_padding_mask: Optional[Tensor]):
-        # One feature-map call for queries and keys (they share the map): half the small ops.
-        # Stacked on the batch axis, each head's rows keep one stride, so the projection's bmm
-        # reads them without another copy.
-        B = x.size(1)
-        qk = self.feature_map(torch.cat([split_heads(self.q_proj(x), self.num_heads),
-                                         split_heads(self.k_proj(x), self.num_heads)], dim=0))
-        q, k = qk[:B], qk[B:]
+    def _heads(self, x: Tensor, key_padding_mask: Optional[Tensor]):
+        """The heads ``q, k, v [B, H, T, K]`` (before the feature map), ``log g [B, H, T]`` (or
+        None) and the padding ``[B, 1, T]`` (or None)."""
+        q = split_heads(self.q_proj(x), self.num_heads)
+        k = split_heads(self.k_proj(x), self.num_heads)
         v = split_heads(self.v_proj(x), self.num_heads)
-        log_g = None
+        log_g = pad = None
         if self.gate_proj is not None:
             log_g = F.logsigmoid(self.gate_proj(x).float()).permute(1, 2, 0)  # [B, H, T]
         if key_padding_mask is not None:
             # A padded step neither writes (k = 0) nor decays (log g = 0) the state.
             pad = key_padding_mask.to(torch.bool)[:, None, :]
-            k = k.masked_fill(pad.unsqueeze(-1), 0.0)
             if log_g is not None:
                 log_g = log_g.masked_fill(pad, 0.0)
+        return q, k, v, log_g, pad
+
+    def _features(self, q: Tensor, k: Tensor, pad: Optional[Tensor], random_matrix: Optional[Tensor] = None):
+        """phi(q), phi(k) ``[B, H, T, F]``, with phi(k) = 0 at the pads."""
+        # One feature-map call for queries and keys (they share the map): half the small ops.
+        # Stacked on the batch axis, each head's rows keep one stride, so the projection's bmm
+        # reads them without another copy.
+        B = q.size(0)
+        qk = self.feature_map(torch.cat([q, k], dim=0), random_matrix)
+        q, k = qk[:B], qk[B:]
+        if pad is not None:
+            k = k.masked_fill(pad.unsqueeze(-1), 0.0)
+        return q, k
+
+    def _project(self, x: Tensor, key_padding_mask: Optional[Tensor]):
+        """The inputs of the ops: phi(q), phi(k) (0 at the pads), v and log g (or None)."""
+        q, k, v, log_g, pad = self._heads(x, key_padding_mask)
+        q, k = self._features(q, k, pad)
         return q, k, v, log_g
+
+    def _chunked(self, q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor], pad: Optional[Tensor],
+                 random_matrix: Optional[Tensor] = None) -> Tensor:
+        """The whole sequence at once (training, scoring): features, then the chunked form."""
+        q, k = self._features(q, k, pad, random_matrix)
+        return chunk_causal_rfa(q, k, v, log_g, eps=self.eps, chunk_size=self.chunk_size)
 
     def forward(
         self,
@@ -128,12 +154,19 @@ class CausalRFAttention(nn.Module):
         T, B, _ = query.shape
         if attn_mask is not None and tuple(attn_mask.shape[-2:]) != (T, T):
             raise ValueError(f"attn_mask must be the {T}x{T} causal mask, got shape {tuple(attn_mask.shape)}")
-        q, k, v, log_g = self._project(query, key_padding_mask)
-
-        if incremental_state is None:
-            out = chunk_causal_rfa(q, k, v, log_g, eps=self.eps, chunk_size=self.chunk_size)
+        if incremental_state is not None:
+            out = self._decode(incremental_state, *self._project(query, key_padding_mask))
+            return self.out_proj(merge_heads(out)), None
+        q, k, v, log_g, pad = self._heads(query, key_padding_mask)
+        if self.recompute and torch.is_grad_enabled():
+            # Keep only the heads for the backward pass and compute the features and the
+            # chunked form again there (see ``recompute``). The random matrix goes in as a copy:
+            # the buffer is redrawn in place at the next training step.
+            self.feature_map.refresh()
+            out = checkpoint(self._chunked, q, k, v, log_g, pad, self.feature_map.random_matrix.clone(),
+                             use_reentrant=False, preserve_rng_state=False)
         else:
-            out = self._decode(incremental_state, q, k, v, log_g)
+            out = self._chunked(q, k, v, log_g, pad)
         return self.out_proj(merge_heads(out)), None
 
     def _decode(self, incremental_state: IncrementalState, q: Tensor, k: Tensor, v: Tensor,

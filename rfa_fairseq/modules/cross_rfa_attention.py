@@ -17,6 +17,7 @@ from typing import Dict, Optional, Tuple
 import torch
 from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..ops import cross_rfa_apply, cross_rfa_apply_keys, cross_rfa_keys, cross_rfa_state, cross_rfa_weights
 from ..ops import keys_form_is_smaller
@@ -33,6 +34,9 @@ class CrossRFAttention(nn.Module):
     Args:
         embed_dim: decoder dimension ``C``; kdim: encoder dimension; num_heads: ``H``.
         feature_map: the :class:`RandomFeatureMap` shared by queries and keys.
+        recompute: under autograd and without a decoding state, keep only the heads ``q, k, v``
+            for the backward pass and compute the features, the summary and its readout again
+            there (as :class:`CausalRFAttention` does); not when attention weights are asked for.
     """
 
     STATE_KEY = "rfa_cross_state"
@@ -45,6 +49,7 @@ class CrossRFAttention(nn.Module):
         kdim: Optional[int] = None,
         bias: bool = True,
         eps: float = DEFAULT_EPS,
+        recompute: bool = True,
     ):
         super().__init__()
         if embed_dim % num_heads != 0:
@@ -52,7 +57,7 @@ class CrossRFAttention(nn.Module):
         kdim = kdim or embed_dim
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
-        self.eps = eps
+        self.eps, self.recompute = eps, recompute
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.k_proj = nn.Linear(kdim, embed_dim, bias=bias)
         self.v_proj = nn.Linear(kdim, embed_dim, bias=bias)
@@ -126,6 +131,18 @@ class CrossRFAttention(nn.Module):
             raise ValueError("CrossRFAttention supports neither attn_mask nor before_softmax")
         need_weights = need_weights or need_head_weights
         Tq, B, _ = query.shape
+        if incremental_state is None and self.recompute and not need_weights and torch.is_grad_enabled():
+            if key is None:
+                raise ValueError("CrossRFAttention needs the encoder output")
+            value = value if value is not None else key
+            # The random matrix goes in as a copy: the buffer is redrawn in place at the next step.
+            self.feature_map.refresh()
+            out = checkpoint(self._whole, split_heads(self.q_proj(query), self.num_heads),
+                             split_heads(self.k_proj(key), self.num_heads),
+                             split_heads(self.v_proj(value), self.num_heads), key_padding_mask,
+                             self.feature_map.random_matrix.clone(), query.dtype,
+                             use_reentrant=False, preserve_rng_state=False)
+            return self.out_proj(merge_heads(out)), None
         saved = None
         if incremental_state is not None:
             saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
@@ -148,6 +165,12 @@ class CrossRFAttention(nn.Module):
             weights = cross_rfa_weights(q, saved["k"], saved["Sz"], saved.get("key_padding_mask"), eps=self.eps)
             weights = weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
         return out, weights
+
+    def _whole(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Tensor,
+               out_dtype: torch.dtype) -> Tensor:
+        """Heads in, attention out ``[B, H, Tq, K]``: features, the source summary, its readout."""
+        Sz = cross_rfa_state(self.feature_map(k, random_matrix), v, key_padding_mask, packed=True)
+        return cross_rfa_apply(self.feature_map(q, random_matrix), Sz, eps=self.eps, out_dtype=out_dtype)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         saved = self.get_incremental_state(incremental_state, self.STATE_KEY)

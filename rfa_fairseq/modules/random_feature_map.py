@@ -8,6 +8,8 @@ follow fairseq's seed, are identical on all distributed ranks, and repeat exactl
 Draws happen on the CPU with a private generator, so they do not disturb (and are not disturbed
 by) dropout's random stream, whatever the device.
 """
+from typing import Optional
+
 import torch
 from torch import Tensor, nn
 
@@ -68,14 +70,22 @@ class RandomFeatureMap(nn.Module):
         self.random_matrix.copy_(w)
         self._drawn_for = seed
 
-    def forward(self, x: Tensor) -> Tensor:
+    def refresh(self):
+        """In training, draw the matrix of the current step if it is not drawn yet."""
         if self.training:
             seed = self.draw_seed()
             if seed != self._drawn_for:
                 self.redraw(seed)
+
+    def forward(self, x: Tensor, random_matrix: Optional[Tensor] = None) -> Tensor:
+        """phi(x). ``random_matrix``: a copy of the buffer to use instead of it, by a caller that
+        computes the features again in the backward pass (the buffer may be redrawn in place by
+        then); it skips the redraw check, which the caller did (:meth:`refresh`)."""
+        if random_matrix is None:
+            self.refresh()
         x = l2_normalize(x.double() if x.dtype == torch.float64 else x.float())
-        if torch.is_grad_enabled():
-            return feature_map(self.kernel, x, self.sigma, self.random_matrix)
+        if torch.is_grad_enabled() or random_matrix is not None:
+            return feature_map(self.kernel, x, self.sigma, self.random_matrix if random_matrix is None else random_matrix)
         return prepared_feature_map(self.kernel, x, self.prepared_matrix(x.dtype))
 
     def prepared_matrix(self, dtype: torch.dtype) -> Tensor:

@@ -2,6 +2,7 @@
 import argparse
 
 import pytest
+import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
 import rfa_fairseq  # noqa: F401  (registers the architectures)
@@ -65,3 +66,44 @@ def test_unknown_kernel_rejected_by_parser(lm_model, capsys):
     with pytest.raises(SystemExit):
         lm_model("--rfa-kernel", "laplace")
     assert "--rfa-kernel" in capsys.readouterr().err
+
+
+def _attention_modules(model):
+    return [m for layer in model.decoder.layers for m in (layer.self_attn, layer.encoder_attn) if m is not None]
+
+
+def _training_grads(task, model):
+    """Gradients of a translation loss on a fixed padded batch, in training mode."""
+    from rfa_test_utils import random_tokens
+
+    gen = torch.Generator().manual_seed(0)
+    d = task.source_dictionary
+    src, prev = random_tokens(d, 3, 7, gen), random_tokens(task.target_dictionary, 3, 6, gen)
+    src[2, :3] = d.pad()  # left-padded source
+    model.train()
+    for p in model.parameters():
+        p.grad = None
+    out, _ = model(src, torch.tensor([7, 7, 4]), prev)
+    out.float().square().mean().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("extra", [[], ["--rfa-gate"], ["--checkpoint-activations"]],
+                         ids=["rfa", "gate", "checkpoint-activations"])
+def test_recompute_by_default_and_the_same_training_gradients_without(translation_model, extra):
+    task, model = translation_model(*extra)
+    assert all(m.recompute for m in _attention_modules(model))
+    _, stored = translation_model("--rfa-no-recompute", *extra)
+    assert not any(m.recompute for m in _attention_modules(stored))
+    stored.load_state_dict(model.state_dict())
+    a, b = _training_grads(task, model), _training_grads(task, stored)
+    assert a.keys() == b.keys() and any("self_attn.feature_map.sigma" in n for n in a)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_language_model_recompute_flag(lm_model):
+    _, model = lm_model()
+    assert all(layer.self_attn.recompute for layer in model.decoder.layers)
+    _, model = lm_model("--rfa-no-recompute")
+    assert not any(layer.self_attn.recompute for layer in model.decoder.layers)

@@ -19,10 +19,11 @@ def _left_pad_mask(lengths, T):
     return torch.arange(T)[None, :] < (T - torch.tensor(lengths))[:, None]
 
 
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "store"])
 @pytest.mark.parametrize("gate", [False, True], ids=["rfa", "gate"])
-def test_causal_module_matches_naive_with_padding(gate):
+def test_causal_module_matches_naive_with_padding(gate, recompute):
     torch.manual_seed(0)
-    attn = CausalRFAttention(C, H, fmap(), gate=gate, chunk_size=5).double().eval()
+    attn = CausalRFAttention(C, H, fmap(), gate=gate, chunk_size=5, recompute=recompute).double().eval()
     x = torch.randn(13, 4, C, dtype=torch.float64, requires_grad=True)
     mask = _left_pad_mask([13, 9, 4, 1], 13)
     out, weights = attn(x, x, x, key_padding_mask=mask)
@@ -44,18 +45,35 @@ def test_causal_module_rejects_cross_use():
         attn(x, y, y)
 
 
-def test_cross_module_matches_naive_with_padding_and_weights():
+@pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "store"])
+@pytest.mark.parametrize("weights", [False, True], ids=["", "weights"])
+def test_cross_module_matches_naive_with_padding(recompute, weights):
     torch.manual_seed(1)
-    attn = CrossRFAttention(C, H, fmap(1), kdim=16).double().eval()
-    query = torch.randn(6, 3, C, dtype=torch.float64)
-    enc = torch.randn(9, 3, 16, dtype=torch.float64)
+    attn = CrossRFAttention(C, H, fmap(1), kdim=16, recompute=recompute).double().eval()
+    query = torch.randn(6, 3, C, dtype=torch.float64, requires_grad=True)
+    enc = torch.randn(9, 3, 16, dtype=torch.float64, requires_grad=True)
     mask = _left_pad_mask([9, 5, 2], 9)
-    out, w = attn(query, enc, enc, key_padding_mask=mask, need_weights=True)
+    out, w = attn(query, enc, enc, key_padding_mask=mask, need_weights=weights)
+    assert (w is not None) == weights
     q = attn.feature_map(split_heads(attn.q_proj(query), H))
     k = attn.feature_map(split_heads(attn.k_proj(enc), H))
     v = split_heads(attn.v_proj(enc), H)
     ref = attn.out_proj(merge_heads(naive_cross_rfa(q, k, v, mask)))
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    params = [p for p in attn.parameters() if p.requires_grad] + [query, enc]
+    g1 = torch.autograd.grad(out.square().sum(), params)
+    g2 = torch.autograd.grad(ref.square().sum(), params)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9)
+
+
+def test_cross_module_attention_weights():
+    torch.manual_seed(1)
+    attn = CrossRFAttention(C, H, fmap(1), kdim=16).double().eval()
+    query = torch.randn(6, 3, C, dtype=torch.float64)
+    enc = torch.randn(9, 3, 16, dtype=torch.float64)
+    mask = _left_pad_mask([9, 5, 2], 9)
+    _, w = attn(query, enc, enc, key_padding_mask=mask, need_weights=True)
     assert w.shape == (3, 6, 9)
     assert torch.all(w.masked_select(mask[:, None, :].expand_as(w)) == 0)
     _, wh = attn(query, enc, enc, key_padding_mask=mask, need_head_weights=True)
