@@ -14,6 +14,8 @@ STYLE = {
     "sdpa": dict(color="black", marker="x", linestyle="--", label="softmax (torch SDPA, causal)"),
     "rfa": dict(color="tab:blue", marker="s", label="RFA"),
     "rfa_gate": dict(color="tab:orange", marker="^", label="RFA-Gate"),
+    "rfa_recompute": dict(color="tab:blue", marker="s", linestyle=":", label="RFA, --rfa-recompute"),
+    "rfa_gate_recompute": dict(color="tab:orange", marker="^", linestyle=":", label="RFA-Gate, --rfa-recompute"),
 }
 
 

@@ -8,7 +8,8 @@
 import argparse
 import json
 
-NAMES = {"softmax": "softmax", "sdpa": "SDPA", "rfa": "RFA", "rfa_gate": "RFA-Gate"}
+NAMES = {"softmax": "softmax", "sdpa": "SDPA", "rfa": "RFA", "rfa_gate": "RFA-Gate",
+         "rfa_recompute": "RFA (--rfa-recompute)", "rfa_gate_recompute": "RFA-Gate (--rfa-recompute)"}
 
 
 def load(path):

@@ -17,7 +17,8 @@ random weights; a fake dictionary of --vocab entries):
   ``F.scaled_dot_product_attention(q, k, v, is_causal=True)``; the decoder's
   ``buffered_future_mask`` returns None, so no T x T mask is built. ``--check`` verifies that
   its output equals ``softmax``'s for the same weights (:func:`check_sdpa_matches_fairseq`).
-- ``rfa``: ``rfa_transformer_lm`` (chunked causal RFA); ``rfa_gate``: the same with --rfa-gate.
+- ``rfa``: ``rfa_transformer_lm`` (chunked causal RFA); ``rfa_gate``: the same with --rfa-gate;
+  ``rfa_recompute``, ``rfa_gate_recompute``: the same with --rfa-recompute (not run by default).
 
 Reported per (variant, length): median seconds per step over --repeats (after one warm-up
 step), tokens/s, the tokens/s ratio to softmax and to sdpa (same run; > 1 means faster), and
@@ -54,12 +55,15 @@ if REPO not in sys.path:
 
 from bench.common import PeakMemory, USER_DIR, fake_dictionary, machine_info, median, timed, write_json  # noqa: E402
 
-VARIANTS = ("softmax", "sdpa", "rfa", "rfa_gate")
+VARIANTS = ("softmax", "sdpa", "rfa", "rfa_gate", "rfa_recompute", "rfa_gate_recompute")
+DEFAULT_VARIANTS = VARIANTS[:4]
 ARCH = {
     "softmax": ["--arch", "transformer_lm"],
     "sdpa": ["--arch", "transformer_lm"],
     "rfa": ["--arch", "rfa_transformer_lm"],
     "rfa_gate": ["--arch", "rfa_transformer_lm", "--rfa-gate"],
+    "rfa_recompute": ["--arch", "rfa_transformer_lm", "--rfa-recompute"],
+    "rfa_gate_recompute": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute"],
 }
 QUADRATIC = ("softmax", "sdpa")
 
@@ -131,9 +135,8 @@ def data_dir(vocab: int) -> str:
     return _DATA_DIRS[vocab]
 
 
-def build(variant: str, dims: Dict, max_len: int, seed: int = 0, rfa_args: Optional[List[str]] = None):
-    """The model of ``variant`` (random weights from ``seed``) and its task; ``rfa_args``: more
-    command-line words for the RFA variants (e.g. ``--rfa-no-recompute``)."""
+def build(variant: str, dims: Dict, max_len: int, seed: int = 0):
+    """The model of ``variant`` (random weights from ``seed``) and its task."""
     from fairseq import options, tasks
 
     parser = options.get_training_parser()
@@ -144,7 +147,7 @@ def build(variant: str, dims: Dict, max_len: int, seed: int = 0, rfa_args: Optio
         "--decoder-layers", str(dims["layers"]), "--decoder-embed-dim", str(dims["embed_dim"]),
         "--decoder-input-dim", str(dims["embed_dim"]), "--decoder-output-dim", str(dims["embed_dim"]),
         "--decoder-attention-heads", str(dims["heads"]), "--decoder-ffn-embed-dim", str(dims["ffn_dim"]),
-    ] + ARCH[variant] + ([] if variant in QUADRATIC else list(rfa_args or [])))
+    ] + ARCH[variant])
     task = tasks.setup_task(args)
     torch.manual_seed(seed)
     model = task.build_model(args)
@@ -242,7 +245,7 @@ def run(args) -> List[Dict]:
     print(f"{'variant':9s} {'length':>6s} {'batch':>5s} {'s/step':>9s} {'tokens/s':>10s} "
           f"{'vs softmax':>10s} {'vs sdpa':>8s} {'peak MiB':>9s}", flush=True)
     for variant in args.variants:
-        model, task = build(variant, dims, max(args.lengths), seed=args.seed, rfa_args=args.rfa_args)
+        model, task = build(variant, dims, max(args.lengths), seed=args.seed)
         model.to(device).train()
         d = task.source_dictionary
         n_params = sum(p.numel() for n, p in model.named_parameters() if "output_projection" not in n)
@@ -307,7 +310,8 @@ def parse_args(argv=None):
     p.add_argument("--lengths", type=int, nargs="+", help=f"default {FULL['lengths']} (--tiny: {TINY['lengths']})")
     p.add_argument("--tokens-per-batch", type=int, help="tokens per step; batch = max(1, this // length) "
                    f"(default {FULL['tokens_per_batch']}, --tiny {TINY['tokens_per_batch']})")
-    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS),
+                   help=f"default {' '.join(DEFAULT_VARIANTS)}; the *_recompute variants train with --rfa-recompute")
     p.add_argument("--repeats", type=int, default=3, help="timed steps (median) after one warm-up step")
     p.add_argument("--max-seconds", type=float, default=600.0,
                    help="skip a (variant, length) whose predicted time (warm-up + repeats) exceeds this")
@@ -323,9 +327,6 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int)
     p.add_argument("--threads", type=int, help="torch intra-op threads (CPU)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rfa-args", nargs="+", default=[], metavar="WORD",
-                   help="more fairseq flags for the RFA variants, e.g. --rfa-args=--rfa-no-recompute "
-                        "(keep the attention intermediates for the backward pass instead of recomputing them)")
     p.add_argument("--check", action="store_true", help="first check that sdpa == fairseq softmax (raises if not)")
     p.add_argument("--check-only", action="store_true", help="run the check and exit")
     p.add_argument("--out", help="JSON output path")

@@ -47,11 +47,11 @@ class RFAConfig(FairseqDataclass):
         default=DEFAULT_CHUNK_SIZE,
         metadata={"help": "chunk length of the chunked parallel form of causal RFA used in training"},
     )
-    rfa_no_recompute: bool = field(
+    rfa_recompute: bool = field(
         default=False,
-        metadata={"help": "in training, keep the random features and the attention's intermediates for the "
-                          "backward pass instead of computing them again there from q, k, v (about 2x the "
-                          "training memory of the default; on CPU also slower, see docs/benchmarks.md)"},
+        metadata={"help": "in training, keep only q, k, v of the decoder's RFA attention for the backward pass "
+                          "and compute the random features and the attention again there (training memory "
+                          "0.55-0.7x, for a second forward pass of the attention; see docs/benchmarks.md)"},
     )
 
 
@@ -95,5 +95,5 @@ def rfa_config_from(args) -> RFAConfig:
             f"--rfa-random-matrix must be one of {', '.join(RANDOM_MATRICES)}, got {values['rfa_random_matrix']!r}"
         )
     values["rfa_gate"] = bool(values["rfa_gate"])
-    values["rfa_no_recompute"] = bool(values["rfa_no_recompute"])
+    values["rfa_recompute"] = bool(values["rfa_recompute"])
     return RFAConfig(**values)

@@ -52,7 +52,7 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             gate=self.rfa.rfa_gate,
             eps=self.rfa.rfa_eps,
             chunk_size=self.rfa.rfa_chunk_size,
-            recompute=not self.rfa.rfa_no_recompute,
+            recompute=self.rfa.rfa_recompute,
         )
 
     def build_encoder_attention(self, embed_dim, cfg):
@@ -62,7 +62,7 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             self._feature_map(cfg, self.rfa.rfa_cross_feature_dim, module_id=2 * self.layer_idx + 1),
             kdim=cfg.encoder.embed_dim,
             eps=self.rfa.rfa_eps,
-            recompute=not self.rfa.rfa_no_recompute,
+            recompute=self.rfa.rfa_recompute,
         )
 
 

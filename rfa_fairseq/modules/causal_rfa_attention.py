@@ -55,7 +55,8 @@ class CausalRFAttention(nn.Module):
         recompute: under autograd, keep only the heads ``q, k, v`` (and log-gates) of a
             whole-sequence call for the backward pass, and compute the feature maps and the
             chunked form again there, instead of keeping their intermediates (about four times
-            the heads' size). Decoding is not affected.
+            the heads' size): the bytes held for the backward pass fall to a fifth, for a second
+            forward pass of the attention (see docs/benchmarks.md). Decoding is not affected.
     """
 
     STATE_KEY = "rfa_state"
@@ -69,7 +70,7 @@ class CausalRFAttention(nn.Module):
         bias: bool = True,
         eps: float = DEFAULT_EPS,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
-        recompute: bool = True,
+        recompute: bool = False,
     ):
         super().__init__()
         if embed_dim % num_heads != 0:

@@ -49,7 +49,7 @@ class CrossRFAttention(nn.Module):
         kdim: Optional[int] = None,
         bias: bool = True,
         eps: float = DEFAULT_EPS,
-        recompute: bool = True,
+        recompute: bool = False,
     ):
         super().__init__()
         if embed_dim % num_heads != 0:

@@ -88,15 +88,13 @@ def test_train_bench_sdpa_baseline_is_the_same_function():
     assert train_speed.check_sdpa_matches_fairseq(dims, length=17, device="cpu") <= 1e-4
 
 
-def test_train_bench_passes_rfa_args_to_the_rfa_variants_only():
-    assert train_speed.parse_args(["--tiny", "--rfa-args=--rfa-no-recompute"]).rfa_args == ["--rfa-no-recompute"]
-    for variant in ("rfa", "rfa_gate"):
-        model, _ = train_speed.build(variant, train_speed.TINY, 32, rfa_args=["--rfa-no-recompute"])
-        assert not any(layer.self_attn.recompute for layer in model.decoder.layers)
+def test_train_bench_recompute_variants():
+    assert train_speed.parse_args(["--tiny"]).variants == ["softmax", "sdpa", "rfa", "rfa_gate"]
+    for variant, gate, recompute in [("rfa", False, False), ("rfa_gate", True, False),
+                                     ("rfa_recompute", False, True), ("rfa_gate_recompute", True, True)]:
         model, _ = train_speed.build(variant, train_speed.TINY, 32)
-        assert all(layer.self_attn.recompute for layer in model.decoder.layers)
-    model, _ = train_speed.build("softmax", train_speed.TINY, 32, rfa_args=["--rfa-no-recompute"])
-    assert type(model.decoder.layers[0].self_attn).__name__ == "MultiheadAttention"
+        attn = [layer.self_attn for layer in model.decoder.layers]
+        assert all(a.recompute == recompute and (a.gate_proj is not None) == gate for a in attn), variant
 
 
 def test_train_and_chunk_benches_write_rows(tmp_path):

@@ -90,10 +90,10 @@ def _training_grads(task, model):
 
 @pytest.mark.parametrize("extra", [[], ["--rfa-gate"], ["--checkpoint-activations"]],
                          ids=["rfa", "gate", "checkpoint-activations"])
-def test_recompute_by_default_and_the_same_training_gradients_without(translation_model, extra):
-    task, model = translation_model(*extra)
+def test_recompute_flag_gives_the_same_training_gradients(translation_model, extra):
+    task, model = translation_model("--rfa-recompute", *extra)
     assert all(m.recompute for m in _attention_modules(model))
-    _, stored = translation_model("--rfa-no-recompute", *extra)
+    _, stored = translation_model(*extra)
     assert not any(m.recompute for m in _attention_modules(stored))
     stored.load_state_dict(model.state_dict())
     a, b = _training_grads(task, model), _training_grads(task, stored)
@@ -104,6 +104,6 @@ def test_recompute_by_default_and_the_same_training_gradients_without(translatio
 
 def test_language_model_recompute_flag(lm_model):
     _, model = lm_model()
-    assert all(layer.self_attn.recompute for layer in model.decoder.layers)
-    _, model = lm_model("--rfa-no-recompute")
     assert not any(layer.self_attn.recompute for layer in model.decoder.layers)
+    _, model = lm_model("--rfa-recompute")
+    assert all(layer.self_attn.recompute for layer in model.decoder.layers)

@@ -1,4 +1,4 @@
-"""Training with ``recompute`` (the default): the attention keeps only its heads for the backward
+"""Training with ``recompute`` (``--rfa-recompute``): the attention keeps only its heads for the backward
 pass and computes the features and the chunked form again there. Same outputs and gradients as
 keeping everything, a fraction of the memory held between forward and backward, and the random
 draw of its own forward even when the buffer is redrawn in place before the backward."""
@@ -86,11 +86,11 @@ def test_recompute_uses_the_random_draw_of_its_own_forward(module):
     that (a second forward before the first backward) still differentiates the first draw."""
     torch.manual_seed(0)
     if module == "cross":
-        attn = CrossRFAttention(C, H, fmap(1)).double().train()
+        attn = CrossRFAttention(C, H, fmap(1), recompute=True).double().train()
         enc = torch.randn(9, 2, C, dtype=torch.float64)
         call = lambda a, x: a(x, enc, enc)[0]  # noqa: E731
     else:
-        attn = CausalRFAttention(C, H, fmap(), gate=True, chunk_size=4).double().train()
+        attn = CausalRFAttention(C, H, fmap(), gate=True, chunk_size=4, recompute=True).double().train()
         call = lambda a, x: a(x)[0]  # noqa: E731
     x = torch.randn(11, 2, C, dtype=torch.float64, requires_grad=True)
     attn.feature_map.set_num_updates(1)
@@ -114,7 +114,7 @@ def test_recompute_applies_only_under_autograd_and_not_to_decoding():
     """Without autograd there is nothing to keep: the plain path runs (no checkpoint), and
     incremental decoding never recomputes."""
     torch.manual_seed(0)
-    attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
+    attn = CausalRFAttention(C, H, fmap(), gate=True, recompute=True).eval()
     x = torch.randn(7, 2, C)
     calls = []
     original = attn._chunked
@@ -128,7 +128,7 @@ def test_recompute_applies_only_under_autograd_and_not_to_decoding():
         plain, _ = attn(x)
     assert calls == [False]
     with_grad, _ = attn(x)
-    assert calls == [False, True, ], "one call in the forward; the recomputation waits for backward"
+    assert calls == [False, True], "one call in the forward; the recomputation waits for backward"
     torch.testing.assert_close(plain, with_grad.detach(), rtol=0, atol=0)
     with_grad.sum().backward()
     assert calls == [False, True, True], "computed again in the backward pass"
