@@ -50,8 +50,8 @@ class RFAConfig(FairseqDataclass):
     rfa_recompute: bool = field(
         default=False,
         metadata={"help": "in training, keep only q, k, v of the decoder's RFA attention for the backward pass "
-                          "and compute the random features and the attention again there (training memory "
-                          "0.55-0.7x, for a second forward pass of the attention; see docs/benchmarks.md)"},
+                          "and compute the random features and the attention again there (training memory about "
+                          "0.6-0.9x of the default, for a second forward pass of the attention; see docs/benchmarks.md)"},
     )
 
 
