@@ -161,10 +161,8 @@ class CausalRFAttention(nn.Module):
         q, k, v, log_g, pad = self._heads(query, key_padding_mask)
         if self.recompute and torch.is_grad_enabled():
             # Keep only the heads for the backward pass and compute the features and the
-            # chunked form again there (see ``recompute``). The random matrix goes in as a copy:
-            # the buffer is redrawn in place at the next training step.
-            self.feature_map.refresh()
-            out = checkpoint(self._chunked, q, k, v, log_g, pad, self.feature_map.random_matrix.clone(),
+            # chunked form again there (see ``recompute``).
+            out = checkpoint(self._chunked, q, k, v, log_g, pad, self.feature_map.matrix_for_recompute(),
                              use_reentrant=False, preserve_rng_state=False)
         else:
             out = self._chunked(q, k, v, log_g, pad)

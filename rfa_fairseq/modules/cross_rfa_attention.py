@@ -131,17 +131,16 @@ class CrossRFAttention(nn.Module):
             raise ValueError("CrossRFAttention supports neither attn_mask nor before_softmax")
         need_weights = need_weights or need_head_weights
         Tq, B, _ = query.shape
-        if incremental_state is None and self.recompute and not need_weights and torch.is_grad_enabled():
+        if incremental_state is None and not need_weights:
             if key is None:
                 raise ValueError("CrossRFAttention needs the encoder output")
-            value = value if value is not None else key
-            # The random matrix goes in as a copy: the buffer is redrawn in place at the next step.
-            self.feature_map.refresh()
-            out = checkpoint(self._whole, split_heads(self.q_proj(query), self.num_heads),
-                             split_heads(self.k_proj(key), self.num_heads),
-                             split_heads(self.v_proj(value), self.num_heads), key_padding_mask,
-                             self.feature_map.random_matrix.clone(), query.dtype,
-                             use_reentrant=False, preserve_rng_state=False)
+            heads = (split_heads(self.q_proj(query), self.num_heads), split_heads(self.k_proj(key), self.num_heads),
+                     split_heads(self.v_proj(value if value is not None else key), self.num_heads))
+            if self.recompute and torch.is_grad_enabled():
+                out = checkpoint(self._whole, *heads, key_padding_mask, query.dtype,
+                                 self.feature_map.matrix_for_recompute(), use_reentrant=False, preserve_rng_state=False)
+            else:
+                out = self._whole(*heads, key_padding_mask, query.dtype)
             return self.out_proj(merge_heads(out)), None
         saved = None
         if incremental_state is not None:
@@ -166,9 +165,10 @@ class CrossRFAttention(nn.Module):
             weights = weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
         return out, weights
 
-    def _whole(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Tensor,
-               out_dtype: torch.dtype) -> Tensor:
-        """Heads in, attention out ``[B, H, Tq, K]``: features, the source summary, its readout."""
+    def _whole(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out_dtype: torch.dtype,
+               random_matrix: Optional[Tensor] = None) -> Tensor:
+        """Heads in, attention out ``[B, H, Tq, K]`` (a call without a decoding state or weights):
+        features, the source summary, its readout."""
         Sz = cross_rfa_state(self.feature_map(k, random_matrix), v, key_padding_mask, packed=True)
         return cross_rfa_apply(self.feature_map(q, random_matrix), Sz, eps=self.eps, out_dtype=out_dtype)
 

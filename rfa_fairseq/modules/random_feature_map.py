@@ -77,10 +77,16 @@ class RandomFeatureMap(nn.Module):
             if seed != self._drawn_for:
                 self.redraw(seed)
 
+    def matrix_for_recompute(self) -> Tensor:
+        """A copy of this step's random matrix (drawn now if it is not yet), for a caller that
+        computes the features again in the backward pass: the buffer itself is redrawn in place
+        at the next training step, which must not change a backward pass still to come."""
+        self.refresh()
+        return self.random_matrix.clone()
+
     def forward(self, x: Tensor, random_matrix: Optional[Tensor] = None) -> Tensor:
-        """phi(x). ``random_matrix``: a copy of the buffer to use instead of it, by a caller that
-        computes the features again in the backward pass (the buffer may be redrawn in place by
-        then); it skips the redraw check, which the caller did (:meth:`refresh`)."""
+        """phi(x). ``random_matrix``: a :meth:`matrix_for_recompute` copy to use instead of the
+        buffer (then there is no redraw check: the copy is of the current draw)."""
         if random_matrix is None:
             self.refresh()
         x = l2_normalize(x.double() if x.dtype == torch.float64 else x.float())
