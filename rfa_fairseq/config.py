@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from .kernels import DECODE_KERNELS, check_choice
 from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
 from .ops.causal_rfa import DEFAULT_CHUNK_SIZE
 
@@ -53,6 +54,14 @@ class RFAConfig(FairseqDataclass):
                           "and compute the random features and the attention again there (training memory about "
                           "0.6-0.9x of the default, for a second forward pass of the attention; see docs/benchmarks.md)"},
     )
+    rfa_decode_kernel: ChoiceEnum(list(DECODE_KERNELS)) = field(
+        default="auto",
+        metadata={"help": "how a causal RFA decoding step runs on the CPU: cpp = a fused C++ kernel (beam gather, "
+                          "decay, update and readout in one pass; built on first use, about 30 s, then cached by "
+                          "torch), torch = PyTorch ops, auto = the kernel for fp32 steps if it builds, else "
+                          "PyTorch ops. fairseq-generate reads it from the checkpoint: change it with "
+                          "--model-overrides \"{'rfa_decode_kernel': 'torch'}\""},
+    )
 
 
 RFA_FIELDS = tuple(f.name for f in fields(RFAConfig) if f.name.startswith("rfa_"))
@@ -96,4 +105,5 @@ def rfa_config_from(args) -> RFAConfig:
         )
     values["rfa_gate"] = bool(values["rfa_gate"])
     values["rfa_recompute"] = bool(values["rfa_recompute"])
+    values["rfa_decode_kernel"] = check_choice(str(values["rfa_decode_kernel"]))
     return RFAConfig(**values)

@@ -53,6 +53,7 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             eps=self.rfa.rfa_eps,
             chunk_size=self.rfa.rfa_chunk_size,
             recompute=self.rfa.rfa_recompute,
+            decode_kernel=self.rfa.rfa_decode_kernel,
         )
 
     def build_encoder_attention(self, embed_dim, cfg):

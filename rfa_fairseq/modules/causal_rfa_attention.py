@@ -9,7 +9,8 @@ in fp32, packed as one tensor ``Sz [B, H, F, K + 1]`` (``z`` the last column; se
 The first tokens of a decode are kept in the attention form instead (``ops.causal_rfa.keys``),
 in a buffer of the same shape, until they would outgrow the summary.
 """
-from typing import Dict, Optional, Tuple
+from collections.abc import Mapping
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .. import kernels
 from ..ops import causal_keys_step, chunk_causal_rfa, gather_keys, keys_capacity, keys_to_summary, pack_state
 from ..ops import recurrent_causal_rfa_step_packed, unpack_state
 from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE
@@ -57,6 +59,10 @@ class CausalRFAttention(nn.Module):
             chunked form again there, instead of keeping their intermediates (about four times
             the heads' size): the bytes held for the backward pass fall to a fifth, for a second
             forward pass of the attention (see docs/benchmarks.md). Decoding is not affected.
+        decode_kernel: how a decoding step (one token, no gradient) runs on the CPU: ``"cpp"`` the
+            fused compiled kernel (``rfa_fairseq.kernels``: beam gather, decay, update and
+            readout in one pass over the state), ``"torch"`` the PyTorch ops, ``"auto"`` the
+            kernel for fp32 CPU steps when it builds, else the PyTorch ops.
     """
 
     STATE_KEY = "rfa_state"
@@ -71,8 +77,10 @@ class CausalRFAttention(nn.Module):
         eps: float = DEFAULT_EPS,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         recompute: bool = False,
+        decode_kernel: str = "auto",
     ):
         super().__init__()
+        self.decode_kernel = kernels.check_choice(decode_kernel)
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         self.embed_dim, self.num_heads = embed_dim, num_heads
@@ -178,6 +186,8 @@ class CausalRFAttention(nn.Module):
         the summary ``Sz``: the same outputs, fewer bytes read and copied in the first steps.
         Several tokens in one call (a prompt) go through the chunked form and the summary.
         """
+        if q.size(2) == 1 and kernels.usable(self.decode_kernel, q, v):
+            return self._decode_fused(incremental_state, q, k, v, log_g)
         saved = self._current_state(incremental_state)
         if saved is None:
             saved = {}
@@ -208,6 +218,48 @@ class CausalRFAttention(nn.Module):
             Sz = pack_state(*final)
         saved["Sz"] = Sz  # the reorder's spare buffer, if any, stays beside it
         return out
+
+    def _decode_fused(self, incremental_state: IncrementalState, q: Tensor, k: Tensor, v: Tensor,
+                      log_g: Optional[Tensor]) -> Tensor:
+        """:meth:`_decode` of one token with the fused CPU kernel: a pending beam reorder is done by
+        the kernel as it reads the state (into the spare buffer), not by a separate gather."""
+        saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
+        if saved is None:
+            saved = {}
+            self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
+        length = saved.get("len", 0)
+        keys = "Sz" not in saved and length < self.keys_capacity
+        order = saved.get("order")
+        name = "keys" if keys else "Sz"
+        if (not keys and "keys" in saved) or (order is not None and order.numel() != saved[name].size(0)):
+            # Folding into the summary (once per decode) or a batch that shrank: gather first.
+            saved = self._current_state(incremental_state)
+            order = None
+            if "keys" in saved and not keys:
+                self._fold_keys(saved)
+        src = saved.get(name)
+        if src is None:  # the first token
+            B, H, Fd = q.shape[0], q.shape[1], q.shape[3]
+            shape = (B, H, Fd, v.shape[3] + 1)
+            src = q.new_empty(shape) if keys else q.new_zeros(shape)
+        dst = src
+        if order is not None:
+            del saved["order"]
+            if order.numel() == src.size(0) and torch.equal(order, _arange(src.size(0), order.device)):
+                order = None
+            else:
+                dst = saved.pop("spare", None)
+                if dst is None:
+                    dst = torch.empty_like(src)
+                saved["spare"] = src
+        last = None if log_g is None else log_g[:, :, 0]
+        if keys:
+            o = kernels.fused_keys_step(src, dst, order, length, q[:, :, 0], k[:, :, 0], v[:, :, 0], last, self.eps)
+            saved["len"] = length + 1
+        else:
+            o = kernels.fused_summary_step(src, dst, order, q[:, :, 0], k[:, :, 0], v[:, :, 0], last, self.eps)
+        saved[name] = dst
+        return o.unsqueeze(2)
 
     @property
     def keys_capacity(self) -> int:
@@ -271,10 +323,35 @@ class CausalRFAttention(nn.Module):
         return buf.index_select(0, order) if out is None else torch.index_select(buf, 0, order, out=out)
 
     # fairseq's decoder layer reads these on MultiheadAttention; keep the same names.
-    def _get_input_buffer(self, incremental_state: Optional[IncrementalState]) -> Dict[str, Optional[Tensor]]:
+    def _get_input_buffer(self, incremental_state: Optional[IncrementalState]) -> Mapping:
+        """The state, with any pending reorder applied when it is first read. fairseq's decoder
+        layer calls this before every self-attention step and does not read the result (unless
+        ``--cross-self-attention``, which RFA refuses), so the gather stays with the step, where
+        the fused kernel does it as it reads the state."""
         if incremental_state is None:
             return {}
-        return self._current_state(incremental_state) or {}
+        return _ReadOnFirstUse(lambda: self._current_state(incremental_state) or {})
 
     def _set_input_buffer(self, incremental_state: IncrementalState, buffer: Dict[str, Optional[Tensor]]):
         return self.set_incremental_state(incremental_state, self.STATE_KEY, buffer)
+
+
+class _ReadOnFirstUse(Mapping):
+    """A mapping that calls ``resolve`` for its contents when it is first read."""
+
+    def __init__(self, resolve: Callable[[], Dict]):
+        self._resolve, self._contents = resolve, None
+
+    def _get(self) -> Dict:
+        if self._contents is None:
+            self._contents = self._resolve()
+        return self._contents
+
+    def __getitem__(self, name):
+        return self._get()[name]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self):
+        return len(self._get())

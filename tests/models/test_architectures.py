@@ -107,3 +107,24 @@ def test_language_model_recompute_flag(lm_model):
     assert not any(layer.self_attn.recompute for layer in model.decoder.layers)
     _, model = lm_model("--rfa-recompute")
     assert all(layer.self_attn.recompute for layer in model.decoder.layers)
+
+
+def test_decode_kernel_flag_reaches_the_causal_modules(translation_model, lm_model):
+    _, model = translation_model()
+    assert {layer.self_attn.decode_kernel for layer in model.decoder.layers} == {"auto"}
+    _, model = translation_model("--rfa-decode-kernel", "torch")
+    assert {layer.self_attn.decode_kernel for layer in model.decoder.layers} == {"torch"}
+    _, model = lm_model("--rfa-decode-kernel", "cpp")
+    assert {layer.self_attn.decode_kernel for layer in model.decoder.layers} == {"cpp"}
+
+
+def test_decode_kernel_from_a_config_object_is_checked():
+    """A hydra config or a checkpoint's namespace skips argparse's choices: the value is checked
+    when the model reads it, and a config without the field (an older checkpoint) gets auto."""
+    from argparse import Namespace
+
+    from rfa_fairseq.config import rfa_config_from
+
+    with pytest.raises(ValueError, match="--rfa-decode-kernel must be one of auto, cpp, torch, got 'fast'"):
+        rfa_config_from(Namespace(rfa_decode_kernel="fast"))
+    assert rfa_config_from(Namespace()).rfa_decode_kernel == "auto"

@@ -174,9 +174,10 @@ def test_causal_decoding_keeps_the_attention_form_then_the_summary(gate):
     torch.testing.assert_close(out, full[1:5], rtol=1e-10, atol=1e-12)
 
 
-def test_causal_incremental_reorder_follows_new_order():
+@pytest.mark.parametrize("decode_kernel", ["cpp", "torch"])
+def test_causal_incremental_reorder_follows_new_order(decode_kernel):
     torch.manual_seed(3)
-    attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
+    attn = CausalRFAttention(C, H, fmap(), gate=True, decode_kernel=decode_kernel).eval()
     x = torch.randn(6, 4, C)
     order = torch.tensor([2, 2, 0, 3])
     with torch.no_grad():
@@ -193,14 +194,15 @@ def test_causal_incremental_reorder_follows_new_order():
     torch.testing.assert_close(step, ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
-def test_causal_reorders_over_many_steps_follow_the_histories(grad):
+@pytest.mark.parametrize("grad,decode_kernel", [(False, "cpp"), (False, "torch"), (True, "auto")],
+                         ids=["no_grad-cpp", "no_grad-torch", "grad"])
+def test_causal_reorders_over_many_steps_follow_the_histories(grad, decode_kernel):
     """Beam-search-like decoding: a reorder after every step (permutations with repeated rows,
     the identity, and finally a batch that shrinks). Each row's output must equal a from-scratch
     decode of the history that row now continues. Without autograd the reorder writes into
     spare buffers that swap roles; they must never alias the live state."""
     torch.manual_seed(5)
-    attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
+    attn = CausalRFAttention(C, H, fmap(), gate=True, decode_kernel=decode_kernel).eval()
     N, steps = 4, 12
     x = torch.randn(steps, N, C)
     # swaps, forks and moves of a few rows among them ([1, 0, 2, 3], [0, 0, 2, 3], [0, 1, 3, 3])
@@ -232,11 +234,12 @@ def test_causal_reorders_over_many_steps_follow_the_histories(grad):
                 assert _causal_buffer(attn._get_input_buffer(state)).shape[0] == order.numel()
 
 
-def test_causal_reorder_after_a_multi_token_prefix():
+@pytest.mark.parametrize("decode_kernel", ["cpp", "torch"])
+def test_causal_reorder_after_a_multi_token_prefix(decode_kernel):
     """A prefix fed in one call (chunked form, its final state is a view of one buffer), then
     reorders and single steps: still each row continues the right history."""
     torch.manual_seed(8)
-    attn = CausalRFAttention(C, H, fmap(), gate=True, chunk_size=2).eval()
+    attn = CausalRFAttention(C, H, fmap(), gate=True, chunk_size=2, decode_kernel=decode_kernel).eval()
     x = torch.randn(7, 3, C)
     orders = [torch.tensor([2, 2, 0]), torch.tensor([1, 0, 0]), torch.tensor([0, 2, 1])]
     with torch.no_grad():
@@ -257,8 +260,9 @@ def test_causal_reorder_after_a_multi_token_prefix():
 
 
 @pytest.mark.parametrize("steps", [1, 10], ids=["keys", "summary"])
-def test_causal_identity_reorder_copies_nothing(steps):
-    attn = CausalRFAttention(C, H, fmap()).eval()
+@pytest.mark.parametrize("decode_kernel", ["cpp", "torch"])
+def test_causal_identity_reorder_copies_nothing(steps, decode_kernel):
+    attn = CausalRFAttention(C, H, fmap(), decode_kernel=decode_kernel).eval()
     with torch.no_grad():
         state = {}
         for _ in range(steps):
@@ -332,12 +336,13 @@ def test_feature_map_without_autograd_reuses_a_prepared_matrix_until_something_c
 
 
 @pytest.mark.parametrize("steps", [3, 10], ids=["keys", "summary"])
-def test_causal_reorders_are_deferred_to_the_next_step_and_compose(steps):
+@pytest.mark.parametrize("decode_kernel", ["cpp", "torch"])
+def test_causal_reorders_are_deferred_to_the_next_step_and_compose(steps, decode_kernel):
     """A reorder only records the order (no state-sized copy: the gather happens in the next
     step, next to the update); two reorders before a step act as their composition, and a
     reader of the state sees them applied."""
     torch.manual_seed(13)
-    attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
+    attn = CausalRFAttention(C, H, fmap(), gate=True, decode_kernel=decode_kernel).eval()
     x = torch.randn(steps + 1, 4, C)
     a, b = torch.tensor([1, 1, 3, 0]), torch.tensor([2, 0, 0, 1])
     with torch.no_grad():
@@ -379,3 +384,71 @@ def test_cross_beam_size_with_distinct_rows_falls_back_to_per_row_state():
 def test_decoder_builds_no_future_mask(translation_model):
     _, model = translation_model()
     assert model.decoder.buffered_future_mask(torch.zeros(4096, 1, 8)) is None
+
+
+def test_decoder_layers_buffer_call_leaves_the_gather_to_the_fused_step():
+    """fairseq's decoder layer calls ``_get_input_buffer`` before every self-attention step and
+    does not read it: that call must not gather, so that the fused kernel gathers as it reads."""
+    torch.manual_seed(14)
+    attn = CausalRFAttention(C, H, fmap(), gate=True, decode_kernel="cpp").eval()
+    ref_attn = CausalRFAttention(C, H, fmap(), gate=True, decode_kernel="torch").eval()
+    ref_attn.load_state_dict(attn.state_dict())
+    x = torch.randn(12, 4, C)
+    order = torch.tensor([3, 1, 1, 0])
+    with torch.no_grad():
+        for steps in (3, 11):  # the attention form, the summary
+            state, ref_state = {}, {}
+            for t in range(steps):
+                attn(x[t : t + 1], incremental_state=state)
+                ref_attn(x[t : t + 1], incremental_state=ref_state)
+            attn.reorder_incremental_state(state, order)
+            ref_attn.reorder_incremental_state(ref_state, order)
+            attn._get_input_buffer(state)  # what the layer does
+            saved = attn.get_incremental_state(state, attn.STATE_KEY)
+            assert "order" in saved, "the unread buffer gathered"
+            before = _causal_buffer(saved)
+            out, _ = attn(x[steps : steps + 1], incremental_state=state)
+            ref, _ = ref_attn(x[steps : steps + 1], incremental_state=ref_state)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+            saved = attn.get_incremental_state(state, attn.STATE_KEY)
+            assert "order" not in saved and saved["spare"] is before  # gathered into a new buffer
+            torch.testing.assert_close(_causal_values(saved, gated=True),
+                                       _causal_values(ref_attn._get_input_buffer(ref_state), gated=True),
+                                       rtol=1e-5, atol=1e-6)
+
+
+def test_decode_kernel_choice_is_checked():
+    with pytest.raises(ValueError, match="--rfa-decode-kernel must be one of auto, cpp, torch, got 'c'"):
+        CausalRFAttention(C, H, fmap(), decode_kernel="c")
+    attn = CausalRFAttention(C, H, fmap(), decode_kernel="cpp").eval()
+    x = torch.randn(1, 2, C)
+    with pytest.raises(ValueError, match="cpp runs fp32 CPU decoding with autograd off.*with autograd on"):
+        attn(x, incremental_state={})
+    with torch.no_grad(), pytest.raises(ValueError, match="cpp runs fp32 CPU decoding.*torch.float64"):
+        attn.double()(x.double(), incremental_state={})
+
+
+def test_auto_decode_kernel_warns_once_and_falls_back_when_it_cannot_be_built(monkeypatch, caplog):
+    from rfa_fairseq import kernels
+
+    monkeypatch.setattr(kernels, "_loaded", {"module": None, "error": None})
+
+    def no_compiler(*args, **kwargs):
+        raise OSError("no C++ compiler")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", no_compiler)
+    torch.manual_seed(15)
+    auto = CausalRFAttention(C, H, fmap(), decode_kernel="auto").eval()
+    ref = CausalRFAttention(C, H, fmap(), decode_kernel="torch").eval()
+    ref.load_state_dict(auto.state_dict())
+    x = torch.randn(3, 2, C)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="rfa_fairseq.kernels"):
+        state, ref_state = {}, {}
+        for t in range(3):
+            out, _ = auto(x[t : t + 1], incremental_state=state)
+            expected, _ = ref(x[t : t + 1], incremental_state=ref_state)
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    warnings = [r for r in caplog.records if "could not be built (OSError: no C++ compiler)" in r.getMessage()]
+    assert len(warnings) == 1
+    with pytest.raises(RuntimeError, match="could not be built.*use --rfa-decode-kernel torch"):
+        kernels.load()

@@ -1,0 +1,145 @@
+"""Compiled kernels: the fused CPU decoding step of causal RFA (``decode_step_cpu.cpp``).
+
+A decoding step of causal RFA in PyTorch ops makes several passes over the layer's state: the
+beam gather, the gate's decay, the update and the readout, each over a multi-MiB tensor that the
+other layers' weights have pushed out of the caches. The kernel does them in one pass per
+(row, head). It is built on first use with torch's C++ extension tools (a C++ compiler and
+ninja; about half a minute, then cached in ``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``) and used by :class:`~rfa_fairseq.modules.CausalRFAttention` when
+``--rfa-decode-kernel`` allows it. The PyTorch ops in ``ops/causal_rfa`` stay the reference:
+``tests/kernels`` checks the two agree.
+
+    fused_summary_step(src, dst, order, q, k, v, log_g, eps)          # the summary [S | z]
+    fused_keys_step(src, dst, order, length, q, k, v, log_g, eps)     # the attention form
+"""
+import logging
+import os
+import shutil
+import sys
+import threading
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+DECODE_KERNELS = ("auto", "cpp", "torch")
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_step_cpu.cpp")
+_lock = threading.Lock()
+_loaded = {"module": None, "error": None}
+
+
+def load():
+    """The compiled module, built on the first call. Raises RuntimeError (with the build's
+    error) when it cannot be built; a failed build is not retried in the same process."""
+    with _lock:
+        if _loaded["module"] is not None:
+            return _loaded["module"]
+        if _loaded["error"] is not None:
+            raise RuntimeError(_loaded["error"])
+        try:
+            from torch.utils.cpp_extension import load as load_extension
+
+            if shutil.which("ninja") is None:
+                # pip's ninja installs next to this interpreter, which need not be on PATH
+                os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+            logger.info("building the RFA CPU decoding kernel (once; cached by torch)")
+            _loaded["module"] = load_extension(name="rfa_fairseq_decode_cpu", sources=[_SOURCE],
+                                               extra_cflags=["-O3"], verbose=False)
+        except Exception as e:  # a missing compiler, ninja or headers
+            _loaded["error"] = (f"the RFA CPU decoding kernel could not be built ({type(e).__name__}: {e}); "
+                                f"use --rfa-decode-kernel torch")
+            raise RuntimeError(_loaded["error"]) from e
+        return _loaded["module"]
+
+
+def available() -> bool:
+    """Whether the kernel is built or can be built now (building it if needed)."""
+    try:
+        load()
+        return True
+    except RuntimeError:
+        return False
+
+
+def check_choice(choice: str) -> str:
+    if choice not in DECODE_KERNELS:
+        raise ValueError(f"--rfa-decode-kernel must be one of {', '.join(DECODE_KERNELS)}, got {choice!r}")
+    return choice
+
+
+def usable(choice: str, q: Tensor, v: Tensor) -> bool:
+    """Whether a decoding step on ``q`` (features) and ``v`` runs the kernel under ``choice``:
+    fp32 CPU tensors with autograd off (the kernel updates the state in place, as the PyTorch ops
+    do only then), and for ``auto`` a kernel that builds (if it does not: a warning, once, then
+    the PyTorch ops). ``cpp`` raises where the kernel cannot serve."""
+    if choice == "torch":
+        return False
+    fits = (q.device.type == "cpu" and q.dtype == torch.float32 and v.dtype == torch.float32
+            and not torch.is_grad_enabled())
+    if choice == "cpp":
+        if not fits:
+            raise ValueError(f"--rfa-decode-kernel cpp runs fp32 CPU decoding with autograd off; got "
+                             f"{q.dtype} features and {v.dtype} values on {q.device}"
+                             f"{' with autograd on' if torch.is_grad_enabled() else ''} (use auto or torch)")
+        load()
+        return True
+    if not fits:
+        return False
+    if _loaded["module"] is None and _loaded["error"] is None and not available():
+        logger.warning("%s; decoding with the PyTorch ops instead", _loaded["error"])
+    return _loaded["module"] is not None
+
+
+def _prepare(src: Optional[Tensor], dst: Tensor, order: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
+             log_g: Optional[Tensor]):
+    """Check shapes, dtypes and devices; the kernel reads q, k, v through their strides as long
+    as the last dimension is dense (a step's features are a view of the stacked feature map)."""
+    B, H, Fd, K1 = dst.shape
+    expected = {"q": (q, (B, H, Fd)), "k": (k, (B, H, Fd)), "v": (v, (B, H, K1 - 1))}
+    if log_g is not None:
+        expected["log_g"] = (log_g, (B, H))
+    if src is not None:
+        expected["src"] = (src, (B, H, Fd, K1))
+    for name, (t, shape) in expected.items():
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {list(shape)} for a state "
+                             f"{list(dst.shape)}")
+        if t.dtype != torch.float32 or t.device.type != "cpu":
+            raise ValueError(f"{name} must be a float32 CPU tensor, got {t.dtype} on {t.device}")
+    for name, t in (("dst", dst), ("src", src)):
+        if t is not None and (not t.is_contiguous() or t.dtype != torch.float32 or t.device.type != "cpu"):
+            raise ValueError(f"{name} must be a contiguous float32 CPU tensor")
+    if order is None:
+        order = _EMPTY
+    else:
+        if order.dtype != torch.int64 or tuple(order.shape) != (B,):
+            raise ValueError(f"order must be int64 of shape [{B}], got {order.dtype} {tuple(order.shape)}")
+        if src is None or src.data_ptr() == dst.data_ptr():
+            raise ValueError("a reorder needs a source buffer other than the destination")
+        order = order.contiguous()
+    log_g = _EMPTY_F if log_g is None else log_g.contiguous()
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return (dst if src is None else src), order, q, k, v, log_g
+
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+_EMPTY_F = torch.empty(0)
+
+
+def fused_summary_step(src: Optional[Tensor], dst: Tensor, order: Optional[Tensor], q: Tensor, k: Tensor,
+                       v: Tensor, log_g: Optional[Tensor], eps: float) -> Tensor:
+    """``dst = g * src[order] + phi(k) [(1 - g) v | 1 - g]^T`` (``g = exp(log_g)``, 1 without a
+    gate) and its readout ``[B, H, K]``: :func:`recurrent_causal_rfa_step_packed` on the gathered
+    state, in one pass. ``src`` None or ``dst`` itself (no order): in place."""
+    src, order, q, k, v, log_g = _prepare(src, dst, order, q, k, v, log_g)
+    return load().summary_step(src, dst, order, q, k, v, log_g, float(eps))
+
+
+def fused_keys_step(src: Optional[Tensor], dst: Tensor, order: Optional[Tensor], length: int, q: Tensor,
+                    k: Tensor, v: Tensor, log_g: Optional[Tensor], eps: float) -> Tensor:
+    """The ``length`` keys of ``src`` in ``order`` into ``dst``, then :func:`causal_keys_step`
+    (token ``length``) in place on ``dst``, in one pass. Returns the readout ``[B, H, K]``."""
+    src, order, q, k, v, log_g = _prepare(src, dst, order, q, k, v, log_g)
+    return load().keys_step(src, dst, order, int(length), q, k, v, log_g, float(eps))
