@@ -44,9 +44,11 @@ def load():
             if shutil.which("ninja") is None:
                 # pip's ninja installs next to this interpreter, which need not be on PATH
                 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-            logger.info("building the RFA CPU decoding kernel (once; cached by torch)")
+            logger.info("loading the RFA CPU decoding kernel (the first time: building it, about 30 s)")
+            # OpenMP for at::parallel_for over (row, head) pairs: the process's libgomp, torch's own
+            openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
             _loaded["module"] = load_extension(name="rfa_fairseq_decode_cpu", sources=[_SOURCE],
-                                               extra_cflags=["-O3"], verbose=False)
+                                               extra_cflags=["-O3"] + openmp, extra_ldflags=openmp, verbose=False)
         except Exception as e:  # a missing compiler, ninja or headers
             _loaded["error"] = (f"the RFA CPU decoding kernel could not be built ({type(e).__name__}: {e}); "
                                 f"use --rfa-decode-kernel torch")
