@@ -15,6 +15,14 @@
 #include <cmath>
 #include <vector>
 
+// AVX2 + FMA and baseline versions of the loops, chosen when the library loads (GCC's function
+// multi-versioning), so the build stays portable and still uses the wide units where they exist.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define RFA_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define RFA_CLONES
+#endif
+
 namespace {
 
 struct StepArgs {
@@ -70,6 +78,102 @@ inline void write_ratio(const StepArgs& a, int64_t bh, const float* acc) {
   for (int64_t j = 0; j < a.K; ++j) o[j] = acc[j] / den;
 }
 
+RFA_CLONES void summary_rows(const StepArgs& a, const float* s_all, float* d_all, int64_t begin, int64_t end) {
+  const int64_t K1 = a.K + 1, state = a.F * K1;
+  std::vector<float> acc(K1), v1(K1);
+  for (int64_t bh = begin; bh < end; ++bh) {
+    const int64_t b = bh / a.H, h = bh % a.H;
+    const int64_t sb = a.order ? a.order[b] : b;
+    const float* s = s_all + (sb * a.H + h) * state;
+    float* d = d_all + bh * state;
+    const float* q = a.q + b * a.q0 + h * a.q1;
+    const float* k = a.k + b * a.k0 + h * a.k1;
+    const float* v = a.v + b * a.v0 + h * a.v1;
+    float g, one_minus_g;
+    gate_of(a, bh, g, one_minus_g);
+    for (int64_t j = 0; j < a.K; ++j) v1[j] = v[j] * one_minus_g;
+    v1[a.K] = one_minus_g;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    float* ac = acc.data();
+    const float* vv = v1.data();
+    for (int64_t f = 0; f < a.F; ++f) {
+      const float* sr = s + f * K1;
+      float* dr = d + f * K1;
+      const float kf = k[f], qf = q[f];
+      if (a.log_g) {
+        for (int64_t j = 0; j < K1; ++j) {
+          const float x = sr[j] * g + kf * vv[j];
+          dr[j] = x;
+          ac[j] += qf * x;
+        }
+      } else {
+        for (int64_t j = 0; j < K1; ++j) {
+          const float x = sr[j] + kf * vv[j];
+          dr[j] = x;
+          ac[j] += qf * x;
+        }
+      }
+    }
+    write_ratio(a, bh, ac);
+  }
+}
+
+// sum_f x[f] y[f] in eight independent partial sums, so the compiler can vectorise it
+inline float dot(const float* x, const float* y, int64_t n) {
+  float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t f = 0;
+  for (; f + 8 <= n; f += 8) {
+    for (int u = 0; u < 8; ++u) part[u] += x[f + u] * y[f + u];
+  }
+  float total = 0.0f;
+  for (; f < n; ++f) total += x[f] * y[f];
+  for (int u = 0; u < 8; ++u) total += part[u];
+  return total;
+}
+
+RFA_CLONES void keys_rows(const StepArgs& a, const float* s_all, float* d_all, int64_t length, int64_t begin,
+                          int64_t end) {
+  const bool gated = a.log_g != nullptr, copy = s_all != d_all;
+  const int64_t K1 = a.K + 1, W = a.F + K1 + (gated ? 1 : 0);
+  std::vector<float> acc(K1);
+  for (int64_t bh = begin; bh < end; ++bh) {
+    const int64_t b = bh / a.H, h = bh % a.H;
+    const int64_t sb = a.order ? a.order[b] : b;
+    const float* q = a.q + b * a.q0 + h * a.q1;
+    float g, one_minus_g;
+    gate_of(a, bh, g, one_minus_g);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    float* ac = acc.data();
+    for (int64_t i = 0; i < length; ++i) {
+      const float* s = s_all + ((i * a.B + sb) * a.H + h) * W;
+      float* d = d_all + ((i * a.B + b) * a.H + h) * W;
+      const float w = gated ? s[W - 1] * g : 1.0f;
+      const float score = dot(q, s, a.F) * w;
+      const float* vals = s + a.F;
+      for (int64_t j = 0; j < K1; ++j) ac[j] += score * vals[j];
+      if (copy) std::copy(s, s + a.F + K1, d);
+      if (gated) d[W - 1] = w;
+    }
+    // the new key
+    float* d = d_all + ((length * a.B + b) * a.H + h) * W;
+    const float* k = a.k + b * a.k0 + h * a.k1;
+    const float* v = a.v + b * a.v0 + h * a.v1;
+    std::copy(k, k + a.F, d);
+    float score = dot(q, k, a.F);
+    if (gated) {
+      score *= one_minus_g;
+      d[W - 1] = one_minus_g;
+    }
+    for (int64_t j = 0; j < a.K; ++j) {
+      d[a.F + j] = v[j];
+      ac[j] += score * v[j];
+    }
+    d[a.F + a.K] = 1.0f;
+    ac[a.K] += score;
+    write_ratio(a, bh, ac);
+  }
+}
+
 }  // namespace
 
 // The summary form: Sz' = g Sz[order] + phi(k) [(1 - g) v | 1 - g]^T, out = phi(q) Sz' as
@@ -79,46 +183,8 @@ torch::Tensor summary_step(const torch::Tensor& src, torch::Tensor dst, const to
                            const torch::Tensor& log_g, double eps) {
   auto out = torch::empty({q.size(0), q.size(1), v.size(2)}, q.options());
   const StepArgs a = step_args(dst, order, q, k, v, log_g, eps, out);
-  const int64_t K1 = a.K + 1, state = a.F * K1;
-  const float* s_all = src.data_ptr<float>();
-  float* d_all = dst.data_ptr<float>();
   at::parallel_for(0, a.B * a.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(K1), v1(K1);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / a.H, h = bh % a.H;
-      const int64_t sb = a.order ? a.order[b] : b;
-      const float* s = s_all + (sb * a.H + h) * state;
-      float* d = d_all + bh * state;
-      const float* q = a.q + b * a.q0 + h * a.q1;
-      const float* k = a.k + b * a.k0 + h * a.k1;
-      const float* v = a.v + b * a.v0 + h * a.v1;
-      float g, one_minus_g;
-      gate_of(a, bh, g, one_minus_g);
-      for (int64_t j = 0; j < a.K; ++j) v1[j] = v[j] * one_minus_g;
-      v1[a.K] = one_minus_g;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      float* ac = acc.data();
-      const float* vv = v1.data();
-      for (int64_t f = 0; f < a.F; ++f) {
-        const float* sr = s + f * K1;
-        float* dr = d + f * K1;
-        const float kf = k[f], qf = q[f];
-        if (a.log_g) {
-          for (int64_t j = 0; j < K1; ++j) {
-            const float x = sr[j] * g + kf * vv[j];
-            dr[j] = x;
-            ac[j] += qf * x;
-          }
-        } else {
-          for (int64_t j = 0; j < K1; ++j) {
-            const float x = sr[j] + kf * vv[j];
-            dr[j] = x;
-            ac[j] += qf * x;
-          }
-        }
-      }
-      write_ratio(a, bh, ac);
-    }
+    summary_rows(a, src.data_ptr<float>(), dst.data_ptr<float>(), begin, end);
   });
   return out;
 }
@@ -137,53 +203,8 @@ torch::Tensor keys_step(const torch::Tensor& src, torch::Tensor dst, const torch
   TORCH_CHECK(length >= 0 && (length + 1) * a.B * a.H * W <= dst.numel(), "the attention form of a [",
               a.B, ", ", a.H, ", ", a.F, ", ", K1, "] buffer holds at most ", dst.numel() / (a.B * a.H * W),
               " keys; got token ", length);
-  const float* s_all = src.data_ptr<float>();
-  float* d_all = dst.data_ptr<float>();
-  const bool copy = s_all != d_all;
   at::parallel_for(0, a.B * a.H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(K1);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / a.H, h = bh % a.H;
-      const int64_t sb = a.order ? a.order[b] : b;
-      const float* q = a.q + b * a.q0 + h * a.q1;
-      float g, one_minus_g;
-      gate_of(a, bh, g, one_minus_g);
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      float* ac = acc.data();
-      for (int64_t i = 0; i < length; ++i) {
-        const float* s = s_all + ((i * a.B + sb) * a.H + h) * W;
-        float* d = d_all + ((i * a.B + b) * a.H + h) * W;
-        float score = 0.0f;
-        for (int64_t f = 0; f < a.F; ++f) score += q[f] * s[f];
-        float w = 1.0f;
-        if (gated) w = s[W - 1] * g;
-        score *= w;
-        const float* vals = s + a.F;
-        for (int64_t j = 0; j < K1; ++j) ac[j] += score * vals[j];
-        if (copy) std::copy(s, s + a.F + K1, d);
-        if (gated) d[W - 1] = w;
-      }
-      // the new key
-      float* d = d_all + ((length * a.B + b) * a.H + h) * W;
-      const float* k = a.k + b * a.k0 + h * a.k1;
-      const float* v = a.v + b * a.v0 + h * a.v1;
-      float score = 0.0f;
-      for (int64_t f = 0; f < a.F; ++f) {
-        d[f] = k[f];
-        score += q[f] * k[f];
-      }
-      if (gated) {
-        score *= one_minus_g;
-        d[W - 1] = one_minus_g;
-      }
-      for (int64_t j = 0; j < a.K; ++j) {
-        d[a.F + j] = v[j];
-        ac[j] += score * v[j];
-      }
-      d[a.F + a.K] = 1.0f;
-      ac[a.K] += score;
-      write_ratio(a, bh, ac);
-    }
+    keys_rows(a, src.data_ptr<float>(), dst.data_ptr<float>(), length, begin, end);
   });
   return out;
 }
