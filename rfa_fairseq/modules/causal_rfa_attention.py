@@ -31,13 +31,16 @@ IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
 _ARANGE: Dict[Tuple[int, torch.device], Tensor] = {}
 
 
-def _arange(n: int, device: torch.device) -> Tensor:
-    """``torch.arange(n)``, made once per size and device: the identity order to compare with."""
-    key = (n, device)
+def _is_identity(order: Tensor, rows: int) -> bool:
+    """Whether a beam order keeps all ``rows`` in place (compared with an ``arange`` made once per
+    size and device)."""
+    if order.numel() != rows:
+        return False
+    key = (rows, order.device)
     if key not in _ARANGE:
         with torch.inference_mode(False):  # a normal tensor, usable in and out of inference mode
-            _ARANGE[key] = torch.arange(n, device=device)
-    return _ARANGE[key]
+            _ARANGE[key] = torch.arange(rows, device=order.device)
+    return torch.equal(order, _ARANGE[key])
 
 
 def init_projection(linear: nn.Linear, gain: float = 1.0):
@@ -245,7 +248,7 @@ class CausalRFAttention(nn.Module):
         dst = src
         if order is not None:
             del saved["order"]
-            if order.numel() == src.size(0) and torch.equal(order, _arange(src.size(0), order.device)):
+            if _is_identity(order, src.size(0)):
                 order = None
             else:
                 dst = saved.pop("spare", None)
@@ -302,7 +305,7 @@ class CausalRFAttention(nn.Module):
         name = "keys" if "keys" in saved else "Sz"
         buf, spare = saved[name], saved.pop("spare", None)
         rows = buf.size(0)
-        if order.numel() == rows and torch.equal(order, _arange(rows, order.device)):
+        if _is_identity(order, rows):
             pass
         elif torch.is_grad_enabled() or buf.requires_grad or spare is None or order.numel() != rows:
             # The first reorder, a batch that shrank, or autograd: a fresh tensor (the old one
