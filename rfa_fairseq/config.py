@@ -56,10 +56,10 @@ class RFAConfig(FairseqDataclass):
     )
     rfa_decode_kernel: ChoiceEnum(list(DECODE_KERNELS)) = field(
         default="auto",
-        metadata={"help": "how a causal RFA decoding step runs on the CPU: cpp = a fused C++ kernel (beam gather, "
-                          "decay, update and readout in one pass; built on first use, about 30 s, then cached by "
-                          "torch), torch = PyTorch ops, auto = the kernel for fp32 steps if it builds, else "
-                          "PyTorch ops. fairseq-generate reads it from the checkpoint: change it with "
+        metadata={"help": "how RFA decoding runs on the CPU: cpp = compiled C++ kernels (the causal step's beam "
+                          "gather, decay, update and readout in one pass, and the random feature map of every "
+                          "call without autograd; built on first use, about 30 s, then cached by torch), "
+                          "torch = PyTorch ops, auto = the kernels for fp32 if they build, else PyTorch ops. fairseq-generate reads it from the checkpoint: change it with "
                           "--model-overrides \"{'rfa_decode_kernel': 'torch'}\""},
     )
 

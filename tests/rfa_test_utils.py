@@ -4,6 +4,7 @@
 so ``from conftest import ...`` could pick tests/ops/conftest.py.)"""
 import gzip
 import os
+import platform
 import subprocess
 import sys
 
@@ -71,3 +72,24 @@ def head_gz(src, dst, n):
             if i >= n:
                 break
             out.write(line)
+
+
+# the CPU features of x86-64-v3 as /proc/cpuinfo names them
+X86_64_V3_FLAGS = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
+
+
+def cpu_flags():
+    """The CPU's feature flags (Linux), or None where /proc/cpuinfo does not list them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def has_x86_64_v3() -> bool:
+    flags = cpu_flags()
+    return platform.machine() == "x86_64" and flags is not None and X86_64_V3_FLAGS <= flags

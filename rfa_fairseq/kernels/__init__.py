@@ -1,4 +1,5 @@
-"""Compiled kernels: the fused CPU decoding step of causal RFA (``decode_step_cpu.cpp``).
+"""Compiled CPU kernels for decoding (``decode_step_cpu.cpp``): the fused causal step and the
+random feature map of a few rows.
 
 A decoding step of causal RFA in PyTorch ops makes several passes over the layer's state: the
 beam gather, the gate's decay, the update and the readout, each over a multi-MiB tensor that the
@@ -9,8 +10,16 @@ ninja; about half a minute, then cached in ``TORCH_EXTENSIONS_DIR``, by default
 ``--rfa-decode-kernel`` allows it. The PyTorch ops in ``ops/causal_rfa`` stay the reference:
 ``tests/kernels`` checks the two agree.
 
+The feature map of a decoding step (normalise, project, sin and cos, scale: about ten small
+PyTorch ops, each starting cold) is one call too, used by
+:class:`~rfa_fairseq.modules.RandomFeatureMap` without autograd.
+
     fused_summary_step(src, dst, order, q, k, v, log_g, eps)          # the summary [S | z]
     fused_keys_step(src, dst, order, length, q, k, v, log_g, eps)     # the attention form
+    feature_map(kernel, x, matrix, eps)                               # ops.prepared_feature_map
+
+The loops are compiled for x86-64-v3 (AVX2 + FMA) and for the baseline; ``simd()`` says which
+one runs on this CPU.
 """
 import logging
 import os
@@ -92,6 +101,29 @@ def usable(choice: str, q: Tensor, v: Tensor) -> bool:
     if _loaded["module"] is None and _loaded["error"] is None and not available():
         logger.warning("%s; decoding with the PyTorch ops instead", _loaded["error"])
     return _loaded["module"] is not None
+
+
+def feature_map(kernel: str, x: Tensor, matrix: Tensor, eps: float) -> Tensor:
+    """:func:`~rfa_fairseq.ops.prepared_feature_map` of ``l2_normalize(x, eps)`` in one pass:
+    ``x [B, H, T, K]`` fp32 (any strides), ``matrix`` the ``[H, K, D]`` of
+    :func:`~rfa_fairseq.ops.projection_matrix`. The same features up to fp32 rounding (the sin
+    and cos are the kernel's own, within about 1e-7)."""
+    if kernel not in ("gaussian", "arccos"):
+        raise ValueError(f"unknown kernel {kernel!r}; expected gaussian or arccos")
+    for name, t in (("x", x), ("matrix", matrix)):
+        if t.dtype != torch.float32 or t.device.type != "cpu":
+            raise ValueError(f"{name} must be a float32 CPU tensor, got {t.dtype} on {t.device}")
+    if x.dim() != 4 or matrix.dim() != 3 or x.shape[1] != matrix.shape[0] or x.shape[3] != matrix.shape[1]:
+        raise ValueError(f"x {list(x.shape)} [B, H, T, K] does not match the matrix {list(matrix.shape)} [H, K, D]")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return load().feature_map(x, matrix.contiguous(), kernel == "gaussian", float(eps))
+
+
+def simd() -> str:
+    """Which version of the kernels' loops runs here: ``"x86-64-v3"`` (AVX2 + FMA) or
+    ``"baseline"``."""
+    return load().simd()
 
 
 def _prepare(src: Optional[Tensor], dst: Tensor, order: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,

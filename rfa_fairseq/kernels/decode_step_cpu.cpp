@@ -1,10 +1,14 @@
-// One incremental-decoding step of causal RFA on the CPU, fused: beam gather + decay + update +
-// readout in one pass over each (row, head)'s state, instead of the four to six PyTorch ops (each
-// a full pass over a cold multi-MiB state) of ops/causal_rfa/{recurrent,keys}.py, which are the
-// reference these kernels are tested against (tests/kernels/test_decode_step_cpu.py).
+// Incremental-decoding kernels of RFA on the CPU.
 //
-// Both work on fp32, contiguous tensors; the Python wrappers in __init__.py check and prepare
-// the arguments. ``src`` and ``dst`` are ``[B, H, F, K + 1]`` buffers; ``order`` (int64 ``[B]``,
+// 1. One causal decoding step, fused: beam gather + decay + update + readout in one pass over each
+//    (row, head)'s state, instead of the four to six PyTorch ops (each a full pass over a cold
+//    multi-MiB state) of ops/causal_rfa/{recurrent,keys}.py, which are the reference these kernels
+//    are tested against (tests/kernels/test_decode_step_cpu.py).
+// 2. The random feature map of a few rows (ops/feature_maps.py: normalise, project, sin and cos or
+//    relu, scale), one pass instead of about ten small PyTorch ops.
+//
+// All work on fp32; the Python wrappers in __init__.py check and prepare the arguments. For the
+// step, ``src`` and ``dst`` are contiguous ``[B, H, F, K + 1]`` buffers; ``order`` (int64 ``[B]``,
 // or empty for the identity) says which row of ``src`` each row of ``dst`` continues. Without an
 // order ``dst`` may be ``src`` (an update in place).
 #include <torch/extension.h>
@@ -13,17 +17,36 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
-// AVX2 + FMA and baseline versions of the loops, chosen when the library loads (GCC's function
-// multi-versioning), so the build stays portable and still uses the wide units where they exist.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define RFA_CLONES __attribute__((target_clones("arch=haswell", "default")))
-#else
-#define RFA_CLONES
+// Every loop is compiled twice, for x86-64-v3 (AVX2 + FMA) and for the baseline, and the first
+// call picks one by what the CPU supports, so the cached build stays portable and still uses the
+// wide units where they exist. (GCC's target_clones("arch=haswell") is not used: its resolver asks
+// whether the CPU *is* a Haswell, so an AMD CPU got the baseline.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#define RFA_TWO_VERSIONS 1
 #endif
+#define RFA_INLINE inline __attribute__((always_inline))
 
 namespace {
+
+#ifdef RFA_TWO_VERSIONS
+bool cpu_has_v3() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("x86-64-v3");
+}
+bool use_v3 = cpu_has_v3();
+// ``name(params)`` calling ``name_body(args)`` compiled for x86-64-v3 or for the baseline
+#define RFA_VERSIONS(ret, name, params, args)                                     \
+  __attribute__((target("arch=x86-64-v3"))) ret name##_v3 params { return name##_body args; } \
+  ret name##_base params { return name##_body args; }                           \
+  ret name params { return use_v3 ? name##_v3 args : name##_base args; }
+#else
+bool use_v3 = false;
+#define RFA_VERSIONS(ret, name, params, args) \
+  ret name params { return name##_body args; }
+#endif
 
 struct StepArgs {
   int64_t B, H, F, K;
@@ -61,7 +84,7 @@ StepArgs step_args(const torch::Tensor& dst, const torch::Tensor& order, const t
 }
 
 // g and 1 - g of one (row, head) from log g (1 and 1 without a gate).
-inline void gate_of(const StepArgs& a, int64_t bh, float& g, float& one_minus_g) {
+RFA_INLINE void gate_of(const StepArgs& a, int64_t bh, float& g, float& one_minus_g) {
   if (a.log_g) {
     g = std::exp(a.log_g[bh]);
     one_minus_g = -std::expm1(a.log_g[bh]);
@@ -72,13 +95,14 @@ inline void gate_of(const StepArgs& a, int64_t bh, float& g, float& one_minus_g)
 }
 
 // out = acc[:K] / max(acc[K], eps)
-inline void write_ratio(const StepArgs& a, int64_t bh, const float* acc) {
+RFA_INLINE void write_ratio(const StepArgs& a, int64_t bh, const float* acc) {
   const float den = std::max(acc[a.K], a.eps);
   float* o = a.out + bh * a.K;
   for (int64_t j = 0; j < a.K; ++j) o[j] = acc[j] / den;
 }
 
-RFA_CLONES void summary_rows(const StepArgs& a, const float* s_all, float* d_all, int64_t begin, int64_t end) {
+RFA_INLINE void summary_rows_body(const StepArgs& a, const float* s_all, float* d_all, int64_t begin,
+                                  int64_t end) {
   const int64_t K1 = a.K + 1, state = a.F * K1;
   std::vector<float> acc(K1), v1(K1);
   for (int64_t bh = begin; bh < end; ++bh) {
@@ -119,7 +143,7 @@ RFA_CLONES void summary_rows(const StepArgs& a, const float* s_all, float* d_all
 }
 
 // sum_f x[f] y[f] in eight independent partial sums, so the compiler can vectorise it
-inline float dot(const float* x, const float* y, int64_t n) {
+RFA_INLINE float dot(const float* x, const float* y, int64_t n) {
   float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   int64_t f = 0;
   for (; f + 8 <= n; f += 8) {
@@ -131,8 +155,8 @@ inline float dot(const float* x, const float* y, int64_t n) {
   return total;
 }
 
-RFA_CLONES void keys_rows(const StepArgs& a, const float* s_all, float* d_all, int64_t length, int64_t begin,
-                          int64_t end) {
+RFA_INLINE void keys_rows_body(const StepArgs& a, const float* s_all, float* d_all, int64_t length,
+                               int64_t begin, int64_t end) {
   const bool gated = a.log_g != nullptr, copy = s_all != d_all;
   const int64_t K1 = a.K + 1, W = a.F + K1 + (gated ? 1 : 0);
   std::vector<float> acc(K1);
@@ -174,6 +198,105 @@ RFA_CLONES void keys_rows(const StepArgs& a, const float* s_all, float* d_all, i
   }
 }
 
+RFA_VERSIONS(void, summary_rows, (const StepArgs& a, const float* s_all, float* d_all, int64_t begin, int64_t end),
+             (a, s_all, d_all, begin, end))
+RFA_VERSIONS(void, keys_rows,
+             (const StepArgs& a, const float* s_all, float* d_all, int64_t length, int64_t begin, int64_t end),
+             (a, s_all, d_all, length, begin, end))
+
+// ---- the random feature map ----
+
+// Beyond this |argument| the reduction below is no longer exact; such rows use std::sin, std::cos.
+constexpr float kReducedRange = 8192.0f;
+
+// s = sin(x) * scale, c = cos(x) * scale for n arguments. x = j pi/2 + r with j the nearest
+// integer to x / (pi/2) and r in [-pi/4, pi/4], pi/2 split in three parts (Cody and Waite) so that
+// j * part is exact for |x| <= kReducedRange; then the minimax polynomials of sin and cos on
+// [-pi/4, pi/4] (the coefficients of Cephes' sinf/cosf) and the quadrant j mod 4. Within about
+// 1e-7 of the exact values (tests/kernels: against fp64 over [-8192, 8192]), written without
+// branches so that the loop is vectorised.
+RFA_INLINE void sincos_rows_body(const float* x, float* s, float* c, int64_t n, float scale) {
+  float big = 0.0f;
+  for (int64_t i = 0; i < n; ++i) big = std::max(big, std::fabs(x[i]));
+  if (!(big <= kReducedRange)) {  // also NaN
+    for (int64_t i = 0; i < n; ++i) {
+      s[i] = std::sin(x[i]) * scale;
+      c[i] = std::cos(x[i]) * scale;
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    const float y = xi * 0.63661977236758134f;
+    const int j = static_cast<int>(y + (y >= 0.0f ? 0.5f : -0.5f));
+    const float jf = static_cast<float>(j);
+    float r = xi - jf * 1.5703125f;
+    r = r - jf * 4.8375129699707031e-4f;
+    r = r - jf * 7.5497899548918821e-8f;
+    const float r2 = r * r;
+    const float sin_r = r + r * r2 * (-1.6666654611e-1f + r2 * (8.3321608736e-3f + r2 * -1.9515295891e-4f));
+    const float cos_r = 1.0f - 0.5f * r2 +
+                        r2 * r2 * (4.166664568298827e-2f + r2 * (-1.388731625493765e-3f + r2 * 2.443315711809948e-5f));
+    // sin(j pi/2 + r), cos(j pi/2 + r) by the quadrant j mod 4
+    const float sv = (j & 1) ? cos_r : sin_r;
+    const float cv = (j & 1) ? sin_r : cos_r;
+    s[i] = ((j & 2) ? -sv : sv) * scale;
+    c[i] = (((j + 1) & 2) ? -cv : cv) * scale;
+  }
+}
+
+// out[d] = inv * sum_k x[k] m[k, d] for d < D (m is [K, D]), 32 outputs at a time in registers
+RFA_INLINE void project_body(const float* x, const float* m, float* out, int64_t K, int64_t D, float inv) {
+  constexpr int64_t W = 32;
+  int64_t d0 = 0;
+  for (; d0 + W <= D; d0 += W) {
+    float acc[W] = {};
+    for (int64_t k = 0; k < K; ++k) {
+      const float xk = x[k];
+      const float* mr = m + k * D + d0;
+      for (int64_t u = 0; u < W; ++u) acc[u] += xk * mr[u];
+    }
+    for (int64_t u = 0; u < W; ++u) out[d0 + u] = acc[u] * inv;
+  }
+  for (; d0 < D; ++d0) {
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; ++k) acc += x[k] * m[k * D + d0];
+    out[d0] = acc * inv;
+  }
+}
+
+struct FeatureArgs {
+  int64_t B, H, T, K, D;
+  const float* x;
+  int64_t x0, x1, x2;  // strides of x [B, H, T, K] (the last dimension's is 1)
+  const float* m;      // [H, K, D]
+  bool gaussian;
+  float eps, scale;
+  float* out;  // [B, H, T, F]
+};
+
+// phi of the rows i in [begin, end) taken head-major (i = (h * B + b) * T + t), so that the rows
+// sharing a head's [K, D] matrix follow each other and it stays in the L1 cache.
+RFA_INLINE void feature_rows_body(const FeatureArgs& a, int64_t begin, int64_t end) {
+  const int64_t F = a.gaussian ? 2 * a.D : a.D;
+  std::vector<float> proj(a.D);
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t h = i / (a.B * a.T), bt = i % (a.B * a.T), b = bt / a.T, t = bt % a.T;
+    const float* x = a.x + b * a.x0 + h * a.x1 + t * a.x2;
+    const float norm = std::sqrt(dot(x, x, a.K));
+    project_body(x, a.m + h * a.K * a.D, proj.data(), a.K, a.D, 1.0f / (norm + a.eps));
+    float* o = a.out + ((b * a.H + h) * a.T + t) * F;
+    if (a.gaussian) {
+      sincos_rows_body(proj.data(), o, o + a.D, a.D, a.scale);
+    } else {
+      for (int64_t d = 0; d < a.D; ++d) o[d] = std::max(proj[d], 0.0f) * a.scale;
+    }
+  }
+}
+
+RFA_VERSIONS(void, feature_rows, (const FeatureArgs& a, int64_t begin, int64_t end), (a, begin, end))
+RFA_VERSIONS(void, sincos_rows, (const float* x, float* s, float* c, int64_t n, float scale), (x, s, c, n, scale))
+
 }  // namespace
 
 // The summary form: Sz' = g Sz[order] + phi(k) [(1 - g) v | 1 - g]^T, out = phi(q) Sz' as
@@ -209,7 +332,58 @@ torch::Tensor keys_step(const torch::Tensor& src, torch::Tensor dst, const torch
   return out;
 }
 
+// phi(x) of ops/feature_maps.py for x [B, H, T, K] (unit stride in the last dimension) and the
+// prepared matrix m [H, K, D] (sigma folded in, see projection_matrix): the rows normalised to
+// x / (|x| + eps), projected, then D^-1/2 [sin, cos] (gaussian) or D^-1/2 max(0, .) (arccos).
+torch::Tensor feature_map(const torch::Tensor& x, const torch::Tensor& m, bool gaussian, double eps) {
+  TORCH_CHECK(x.dim() == 4 && m.dim() == 3 && x.size(1) == m.size(0) && x.size(3) == m.size(1),
+              "x [B, H, T, K] and the matrix [H, K, D] do not match: ", x.sizes(), " and ", m.sizes());
+  TORCH_CHECK(x.stride(3) == 1 && m.is_contiguous(), "x needs a unit stride in the last dimension, m contiguous");
+  FeatureArgs a;
+  a.B = x.size(0), a.H = x.size(1), a.T = x.size(2), a.K = x.size(3), a.D = m.size(2);
+  auto out = torch::empty({a.B, a.H, a.T, gaussian ? 2 * a.D : a.D}, x.options());
+  a.x = x.data_ptr<float>();
+  a.x0 = x.stride(0), a.x1 = x.stride(1), a.x2 = x.stride(2);
+  a.m = m.data_ptr<float>();
+  a.gaussian = gaussian;
+  a.eps = static_cast<float>(eps);
+  a.scale = 1.0f / std::sqrt(static_cast<float>(a.D));
+  a.out = out.data_ptr<float>();
+  at::parallel_for(0, a.B * a.H * a.T, 16, [&](int64_t begin, int64_t end) { feature_rows(a, begin, end); });
+  return out;
+}
+
+// sin(x) * scale, cos(x) * scale of the kernels' own sin/cos, for the tests
+std::vector<torch::Tensor> sincos_scaled(const torch::Tensor& x, double scale) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 1, "x must be a contiguous fp32 vector");
+  auto s = torch::empty_like(x), c = torch::empty_like(x);
+  sincos_rows(x.data_ptr<float>(), s.data_ptr<float>(), c.data_ptr<float>(), x.numel(), static_cast<float>(scale));
+  return {s, c};
+}
+
+// Which version of the loops runs: "x86-64-v3" or "baseline"; set_simd("baseline") forces the
+// baseline (the tests check both), set_simd("x86-64-v3") goes back where the CPU has it.
+std::string simd() { return use_v3 ? "x86-64-v3" : "baseline"; }
+
+void set_simd(const std::string& level) {
+  if (level == "baseline") {
+    use_v3 = false;
+    return;
+  }
+  TORCH_CHECK(level == "x86-64-v3", "simd level must be 'x86-64-v3' or 'baseline', got '", level, "'");
+#ifdef RFA_TWO_VERSIONS
+  TORCH_CHECK(cpu_has_v3(), "this CPU does not support x86-64-v3");
+  use_v3 = true;
+#else
+  TORCH_CHECK(false, "this build has only the baseline loops");
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("summary_step", &summary_step, "fused causal RFA decoding step on the summary [S | z]");
   m.def("keys_step", &keys_step, "fused causal RFA decoding step in the attention form");
+  m.def("feature_map", &feature_map, "random feature map of a few rows (fp32)");
+  m.def("sincos_scaled", &sincos_scaled, "the kernels' sin and cos, times scale");
+  m.def("simd", &simd, "which version of the loops runs");
+  m.def("set_simd", &set_simd, "force the baseline loops, or go back to x86-64-v3");
 }

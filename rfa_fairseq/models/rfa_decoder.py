@@ -39,6 +39,7 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             random_matrix=self.rfa.rfa_random_matrix,
             init_sigma=self.rfa.rfa_init_sigma,
             module_id=module_id,
+            decode_kernel=self.rfa.rfa_decode_kernel,
         )
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):

@@ -13,7 +13,9 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from .. import kernels
 from ..ops import feature_map, feature_size, l2_normalize, prepared_feature_map, projection_matrix, sample_random_matrix
+from ..ops.feature_maps import NORM_EPS
 
 
 def _identity(t: Tensor):
@@ -29,6 +31,10 @@ class RandomFeatureMap(nn.Module):
 
     Queries and keys are L2-normalised, scaled element-wise by ``sigma`` (``[H, K]``, learned)
     and projected on the random rows; output ``[B, H, T, F]`` in fp32.
+
+    ``decode_kernel`` (``--rfa-decode-kernel``): without autograd (decoding, validation) the map
+    of fp32 CPU inputs runs as one compiled call (``rfa_fairseq.kernels.feature_map``) under
+    ``"auto"`` (if the kernel builds) and ``"cpp"``; ``"torch"`` keeps the PyTorch ops.
     """
 
     def __init__(
@@ -40,8 +46,10 @@ class RandomFeatureMap(nn.Module):
         random_matrix: str = "orthogonal",
         init_sigma: float = 1.0,
         module_id: int = 0,
+        decode_kernel: str = "auto",
     ):
         super().__init__()
+        self.decode_kernel = kernels.check_choice(decode_kernel)
         self.num_heads, self.head_dim, self.num_features = num_heads, head_dim, num_features
         self.kernel, self.random_matrix_kind, self.module_id = kernel, random_matrix, module_id
         self.output_dim = feature_size(kernel, num_features)
@@ -89,10 +97,13 @@ class RandomFeatureMap(nn.Module):
         buffer (then there is no redraw check: the copy is of the current draw)."""
         if random_matrix is None:
             self.refresh()
-        x = l2_normalize(x.double() if x.dtype == torch.float64 else x.float())
+        x = x.double() if x.dtype == torch.float64 else x.float()
         if torch.is_grad_enabled() or random_matrix is not None:
-            return feature_map(self.kernel, x, self.sigma, self.random_matrix if random_matrix is None else random_matrix)
-        return prepared_feature_map(self.kernel, x, self.prepared_matrix(x.dtype))
+            return feature_map(self.kernel, l2_normalize(x), self.sigma,
+                               self.random_matrix if random_matrix is None else random_matrix)
+        if kernels.usable(self.decode_kernel, x, x):
+            return kernels.feature_map(self.kernel, x, self.prepared_matrix(x.dtype), NORM_EPS)
+        return prepared_feature_map(self.kernel, l2_normalize(x), self.prepared_matrix(x.dtype))
 
     def prepared_matrix(self, dtype: torch.dtype) -> Tensor:
         """``projection_matrix(sigma, random_matrix)`` in ``dtype``, made again only when sigma
@@ -110,5 +121,5 @@ class RandomFeatureMap(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"heads={self.num_heads}, head_dim={self.head_dim}, features={self.num_features}, "
-            f"kernel={self.kernel}, random_matrix={self.random_matrix_kind}"
+            f"kernel={self.kernel}, random_matrix={self.random_matrix_kind}, decode_kernel={self.decode_kernel}"
         )

@@ -60,7 +60,10 @@ def sample_random_matrix(
     raise ValueError(f"unknown random matrix kind {kind!r}; expected one of {RANDOM_MATRICES}")
 
 
-def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
+NORM_EPS = 1e-6
+
+
+def l2_normalize(x: Tensor, eps: float = NORM_EPS) -> Tensor:
     """x / (|x| + eps) over the last dimension."""
     return x / (x.norm(dim=-1, keepdim=True) + eps)
 

@@ -109,13 +109,25 @@ def test_language_model_recompute_flag(lm_model):
     assert all(layer.self_attn.recompute for layer in model.decoder.layers)
 
 
-def test_decode_kernel_flag_reaches_the_causal_modules(translation_model, lm_model):
+def _decode_kernels(model):
+    """The choice of every causal module and every feature map (self and cross attention)."""
+    found = set()
+    for layer in model.decoder.layers:
+        found.add(layer.self_attn.decode_kernel)
+        found.add(layer.self_attn.feature_map.decode_kernel)
+        if getattr(layer, "encoder_attn", None) is not None:
+            found.add(layer.encoder_attn.feature_map.decode_kernel)
+    return found
+
+
+def test_decode_kernel_flag_reaches_the_causal_modules_and_feature_maps(translation_model, lm_model):
     _, model = translation_model()
-    assert {layer.self_attn.decode_kernel for layer in model.decoder.layers} == {"auto"}
+    assert _decode_kernels(model) == {"auto"}
     _, model = translation_model("--rfa-decode-kernel", "torch")
-    assert {layer.self_attn.decode_kernel for layer in model.decoder.layers} == {"torch"}
+    assert _decode_kernels(model) == {"torch"}
+    assert model.decoder.layers[0].encoder_attn.feature_map.decode_kernel == "torch"
     _, model = lm_model("--rfa-decode-kernel", "cpp")
-    assert {layer.self_attn.decode_kernel for layer in model.decoder.layers} == {"cpp"}
+    assert _decode_kernels(model) == {"cpp"}
 
 
 def test_decode_kernel_from_a_config_object_is_checked():

@@ -454,3 +454,39 @@ def test_auto_decode_kernel_warns_once_and_falls_back_when_it_cannot_be_built(mo
     assert len(warnings) == 1
     with pytest.raises(RuntimeError, match="could not be built.*use --rfa-decode-kernel torch"):
         kernels.load()
+
+
+def test_feature_map_decode_kernel_runs_the_compiled_map_only_without_autograd(monkeypatch):
+    """``decode_kernel`` of the feature map: cpp and auto run the compiled map for fp32 inputs
+    without autograd (equal to the PyTorch ops to fp32 rounding), torch never does, and under
+    autograd (training) no choice runs it or refuses to run."""
+    from rfa_fairseq import kernels
+
+    calls = []
+    original = kernels.feature_map
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "feature_map", counted)
+    torch.manual_seed(16)
+    x = torch.randn(3, 5, H, C // H).transpose(1, 2)  # [B, H, T, K], strided
+    maps = {}
+    for choice in ("cpp", "auto", "torch"):
+        maps[choice] = RandomFeatureMap(H, C // H, 40, decode_kernel=choice).eval()
+        maps[choice].load_state_dict(maps["cpp"].state_dict())
+    with torch.no_grad():
+        ref = maps["torch"](x)
+        assert calls == []
+        for n, choice in enumerate(("cpp", "auto"), start=1):
+            torch.testing.assert_close(maps[choice](x), ref, rtol=0, atol=1e-6)
+            assert len(calls) == n
+        with pytest.raises(ValueError, match="cpp runs fp32 CPU decoding.*torch.float64"):
+            maps["cpp"].double()(x.double())
+    maps["cpp"].float()
+    trained = maps["cpp"](x)
+    assert trained.requires_grad and len(calls) == 2, "under autograd the PyTorch ops run"
+    torch.testing.assert_close(trained.detach(), ref, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="--rfa-decode-kernel must be one of auto, cpp, torch, got 'c'"):
+        RandomFeatureMap(H, C // H, 40, decode_kernel="c")

@@ -129,7 +129,8 @@ def test_recompute_applies_only_under_autograd_and_not_to_decoding():
     assert calls == [False]
     with_grad, _ = attn(x)
     assert calls == [False, True], "one call in the forward; the recomputation waits for backward"
-    torch.testing.assert_close(plain, with_grad.detach(), rtol=0, atol=0)
+    # equal up to rounding: without autograd the feature map is the compiled kernel (--rfa-decode-kernel)
+    torch.testing.assert_close(plain, with_grad.detach(), rtol=1e-5, atol=1e-6)
     with_grad.sum().backward()
     assert calls == [False, True, True], "computed again in the backward pass"
     state = {}
