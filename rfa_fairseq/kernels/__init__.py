@@ -17,6 +17,7 @@ PyTorch ops, each starting cold) is one call too, used by
     fused_summary_step(src, dst, order, q, k, v, log_g, eps)          # the summary [S | z]
     fused_keys_step(src, dst, order, length, q, k, v, log_g, eps)     # the attention form
     feature_map(kernel, x, matrix, eps)                               # ops.prepared_feature_map
+    cross_readout(q, Sz or (kT, v1), eps)                             # ops.cross_rfa_apply(_keys)
 
 The loops are compiled for x86-64-v3 (AVX2 + FMA) and for the baseline; ``simd()`` says which
 one runs on this CPU.
@@ -26,6 +27,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from typing import Optional
 
 import torch
@@ -35,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 DECODE_KERNELS = ("auto", "cpp", "torch")
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_step_cpu.cpp")
+_NAME = "rfa_fairseq_decode_cpu"
 _lock = threading.Lock()
 _loaded = {"module": None, "error": None}
 
@@ -53,16 +56,36 @@ def load():
             if shutil.which("ninja") is None:
                 # pip's ninja installs next to this interpreter, which need not be on PATH
                 os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+            from torch.utils.cpp_extension import _get_build_directory
+
+            clear_stale_lock(_get_build_directory(_NAME, verbose=False))
             logger.info("loading the RFA CPU decoding kernel (the first time: building it, about 30 s)")
             # OpenMP for at::parallel_for over (row, head) pairs: the process's libgomp, torch's own
             openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
-            _loaded["module"] = load_extension(name="rfa_fairseq_decode_cpu", sources=[_SOURCE],
+            _loaded["module"] = load_extension(name=_NAME, sources=[_SOURCE],
                                                extra_cflags=["-O3"] + openmp, extra_ldflags=openmp, verbose=False)
         except Exception as e:  # a missing compiler, ninja or headers
             _loaded["error"] = (f"the RFA CPU decoding kernel could not be built ({type(e).__name__}: {e}); "
                                 f"use --rfa-decode-kernel torch")
             raise RuntimeError(_loaded["error"]) from e
         return _loaded["module"]
+
+
+def clear_stale_lock(build_dir: str, max_age: float = 600.0) -> bool:
+    """Remove the lock file of an interrupted build (older than ``max_age`` seconds; a build takes
+    about 30 s). torch's extension loader waits for that file to go away, without a time limit, so
+    a build killed by Ctrl-C would otherwise hang every later process that loads the kernels.
+    Returns whether a lock was removed."""
+    lock = os.path.join(build_dir, "lock")
+    try:
+        age = time.time() - os.path.getmtime(lock)
+        if age <= max_age:
+            return False
+        os.remove(lock)
+    except OSError:  # no lock, or another process removed it first
+        return False
+    logger.warning("removed %s, left by a build of the RFA kernels that stopped %.0f s ago", lock, age)
+    return True
 
 
 def available() -> bool:
@@ -118,6 +141,38 @@ def feature_map(kernel: str, x: Tensor, matrix: Tensor, eps: float) -> Tensor:
     if x.stride(-1) != 1:
         x = x.contiguous()
     return load().feature_map(x, matrix.contiguous(), kernel == "gaussian", float(eps))
+
+
+def cross_readout(q: Tensor, state, eps: float) -> Tensor:
+    """Cross attention's readout in one pass: :func:`~rfa_fairseq.ops.cross_rfa_apply` for a
+    summary ``Sz [Bs, H, F, K + 1]``, :func:`~rfa_fairseq.ops.cross_rfa_apply_keys` for the
+    attention form ``(kT [Bs, H, F, S], v1 [Bs, H, S, K + 1])``. ``q [B, H, T, F]`` fp32 (any
+    strides), ``B`` a multiple of ``Bs`` (a source's beams in consecutive rows). Returns
+    ``[B, H, T, K]`` fp32."""
+    keys = not isinstance(state, Tensor)
+    tensors = {"q": q, **({"kT": state[0], "v1": state[1]} if keys else {"Sz": state})}
+    for name, t in tensors.items():
+        if t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-d float32 CPU tensor, got {t.dtype} {list(t.shape)} on {t.device}")
+    values = state[1] if keys else state
+    B, H, T, Fd = q.shape
+    Bs, K1 = values.shape[0], values.shape[3]
+    if keys:
+        S = state[0].shape[3]
+        expected = {"kT": (Bs, H, Fd, S), "v1": (Bs, H, S, K1)}
+    else:
+        expected = {"Sz": (Bs, H, Fd, K1)}
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != shape:
+            raise ValueError(f"{name} has shape {list(tensors[name].shape)}; expected {list(shape)} for queries "
+                             f"{list(q.shape)}")
+    if Bs == 0 or B % Bs != 0:
+        raise ValueError(f"{B} query rows cannot share {Bs} source states")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    kT, v1, Sz = (state[0].contiguous(), state[1].contiguous(), _EMPTY_F) if keys else (_EMPTY_F, _EMPTY_F,
+                                                                                       state.contiguous())
+    return load().cross_readout(q, Sz, kT, v1, B // Bs, float(eps))
 
 
 def simd() -> str:

@@ -6,6 +6,8 @@
 //    are tested against (tests/kernels/test_decode_step_cpu.py).
 // 2. The random feature map of a few rows (ops/feature_maps.py: normalise, project, sin and cos or
 //    relu, scale), one pass instead of about ten small PyTorch ops.
+// 3. Cross attention's readout of a decoding step (ops/cross_rfa/state.py), from the summary or
+//    the attention form, one pass instead of about ten small PyTorch ops.
 //
 // All work on fp32; the Python wrappers in __init__.py check and prepare the arguments. For the
 // step, ``src`` and ``dst`` are contiguous ``[B, H, F, K + 1]`` buffers; ``order`` (int64 ``[B]``,
@@ -297,6 +299,62 @@ RFA_INLINE void feature_rows_body(const FeatureArgs& a, int64_t begin, int64_t e
 RFA_VERSIONS(void, feature_rows, (const FeatureArgs& a, int64_t begin, int64_t end), (a, begin, end))
 RFA_VERSIONS(void, sincos_rows, (const float* x, float* s, float* c, int64_t n, float scale), (x, s, c, n, scale))
 
+// ---- cross attention's readout ----
+
+struct CrossArgs {
+  int64_t B, H, T, F, K, S, beams;  // S source positions (attention form) or 0 (summary)
+  const float* q;                   // [B, H, T, F] through its strides
+  int64_t q0, q1, q2;
+  const float* kT;  // attention form: phi(K)^T [Bs, H, F, S] and [V | 1] [Bs, H, S, K + 1]
+  const float* v1;
+  const float* Sz;  // summary: [Bs, H, F, K + 1]
+  float eps;
+  float* out;  // [B, H, T, K]
+};
+
+// For the query rows i in [begin, end) (i = (b * H + h) * T + t), read from the state of source
+// b / beams: phi(q) [S | z] (summary), or (phi(q) phi(K)^T) [V | 1] (attention form), as
+// numerator / max(denominator, eps).
+RFA_INLINE void cross_rows_body(const CrossArgs& a, int64_t begin, int64_t end) {
+  const int64_t K1 = a.K + 1;
+  std::vector<float> acc(K1), scores(a.S);
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t t = i % a.T, bh = i / a.T, b = bh / a.H, h = bh % a.H;
+    const int64_t sh = (b / a.beams) * a.H + h;
+    const float* q = a.q + b * a.q0 + h * a.q1 + t * a.q2;
+    float* ac = acc.data();
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    if (a.S == 0) {
+      const float* Sz = a.Sz + sh * a.F * K1;
+      for (int64_t f = 0; f < a.F; ++f) {
+        const float qf = q[f];
+        const float* row = Sz + f * K1;
+        for (int64_t j = 0; j < K1; ++j) ac[j] += qf * row[j];
+      }
+    } else {
+      const float* kT = a.kT + sh * a.F * a.S;
+      const float* v1 = a.v1 + sh * a.S * K1;
+      float* sc = scores.data();
+      std::fill(scores.begin(), scores.end(), 0.0f);
+      for (int64_t f = 0; f < a.F; ++f) {
+        const float qf = q[f];
+        const float* row = kT + f * a.S;
+        for (int64_t s = 0; s < a.S; ++s) sc[s] += qf * row[s];
+      }
+      for (int64_t s = 0; s < a.S; ++s) {
+        const float w = sc[s];
+        const float* row = v1 + s * K1;
+        for (int64_t j = 0; j < K1; ++j) ac[j] += w * row[j];
+      }
+    }
+    const float den = std::max(ac[a.K], a.eps);
+    float* o = a.out + i * a.K;
+    for (int64_t j = 0; j < a.K; ++j) o[j] = ac[j] / den;
+  }
+}
+
+RFA_VERSIONS(void, cross_rows, (const CrossArgs& a, int64_t begin, int64_t end), (a, begin, end))
+
 }  // namespace
 
 // The summary form: Sz' = g Sz[order] + phi(k) [(1 - g) v | 1 - g]^T, out = phi(q) Sz' as
@@ -353,6 +411,32 @@ torch::Tensor feature_map(const torch::Tensor& x, const torch::Tensor& m, bool g
   return out;
 }
 
+// Cross attention's readout for q [B, H, T, F] (unit stride in the last dimension) from the
+// state of B / beams sources: the summary Sz [Bs, H, F, K + 1] (kT and v1 empty), or the attention
+// form kT [Bs, H, F, S], v1 [Bs, H, S, K + 1] (Sz empty), all contiguous. Returns [B, H, T, K].
+torch::Tensor cross_readout(const torch::Tensor& q, const torch::Tensor& Sz, const torch::Tensor& kT,
+                            const torch::Tensor& v1, int64_t beams, double eps) {
+  CrossArgs a;
+  const bool summary = Sz.numel() > 0;
+  const torch::Tensor& values = summary ? Sz : v1;
+  a.B = q.size(0), a.H = q.size(1), a.T = q.size(2), a.F = q.size(3), a.K = values.size(3) - 1;
+  a.S = summary ? 0 : kT.size(3);
+  a.beams = beams;
+  TORCH_CHECK(beams >= 1 && a.B == values.size(0) * beams, q.size(0), " query rows do not share ",
+              values.size(0), " sources ", beams, " by ", beams);
+  TORCH_CHECK(q.stride(3) == 1, "q needs a unit stride in the last dimension");
+  auto out = torch::empty({a.B, a.H, a.T, a.K}, q.options());
+  a.q = q.data_ptr<float>();
+  a.q0 = q.stride(0), a.q1 = q.stride(1), a.q2 = q.stride(2);
+  a.Sz = summary ? Sz.data_ptr<float>() : nullptr;
+  a.kT = summary ? nullptr : kT.data_ptr<float>();
+  a.v1 = summary ? nullptr : v1.data_ptr<float>();
+  a.eps = static_cast<float>(eps);
+  a.out = out.data_ptr<float>();
+  at::parallel_for(0, a.B * a.H * a.T, 4, [&](int64_t begin, int64_t end) { cross_rows(a, begin, end); });
+  return out;
+}
+
 // sin(x) * scale, cos(x) * scale of the kernels' own sin/cos, for the tests
 std::vector<torch::Tensor> sincos_scaled(const torch::Tensor& x, double scale) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 1, "x must be a contiguous fp32 vector");
@@ -383,6 +467,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("summary_step", &summary_step, "fused causal RFA decoding step on the summary [S | z]");
   m.def("keys_step", &keys_step, "fused causal RFA decoding step in the attention form");
   m.def("feature_map", &feature_map, "random feature map of a few rows (fp32)");
+  m.def("cross_readout", &cross_readout, "cross attention's readout from the summary or the attention form");
   m.def("sincos_scaled", &sincos_scaled, "the kernels' sin and cos, times scale");
   m.def("simd", &simd, "which version of the loops runs");
   m.def("set_simd", &set_simd, "force the baseline loops, or go back to x86-64-v3");

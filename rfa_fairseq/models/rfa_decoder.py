@@ -65,6 +65,7 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             kdim=cfg.encoder.embed_dim,
             eps=self.rfa.rfa_eps,
             recompute=self.rfa.rfa_recompute,
+            decode_kernel=self.rfa.rfa_decode_kernel,
         )
 
 

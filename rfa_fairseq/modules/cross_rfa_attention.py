@@ -20,8 +20,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..ops import cross_rfa_apply, cross_rfa_apply_keys, cross_rfa_keys, cross_rfa_state, cross_rfa_weights
+from .. import kernels
 from ..ops import keys_form_is_smaller
-from ..ops.denominator import DEFAULT_EPS
+from ..ops.denominator import DEFAULT_EPS, cast_finite
 from .causal_rfa_attention import IncrementalState, init_projection
 from .heads import merge_heads, split_heads
 from .random_feature_map import RandomFeatureMap
@@ -50,8 +51,10 @@ class CrossRFAttention(nn.Module):
         bias: bool = True,
         eps: float = DEFAULT_EPS,
         recompute: bool = False,
+        decode_kernel: str = "auto",
     ):
         super().__init__()
+        self.decode_kernel = kernels.check_choice(decode_kernel)
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         kdim = kdim or embed_dim
@@ -154,10 +157,13 @@ class CrossRFAttention(nn.Module):
             if incremental_state is not None:
                 self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
         q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
-        if "Sz" in saved:
-            out = cross_rfa_apply(q, saved["Sz"], eps=self.eps, out_dtype=query.dtype)
+        state = saved["Sz"] if "Sz" in saved else (saved["kT"], saved["v1"])
+        if incremental_state is not None and kernels.usable(self.decode_kernel, q, saved.get("Sz", saved.get("v1"))):
+            out = cast_finite(kernels.cross_readout(q, state, self.eps), query.dtype)
+        elif "Sz" in saved:
+            out = cross_rfa_apply(q, state, eps=self.eps, out_dtype=query.dtype)
         else:
-            out = cross_rfa_apply_keys(q, (saved["kT"], saved["v1"]), eps=self.eps, out_dtype=query.dtype)
+            out = cross_rfa_apply_keys(q, state, eps=self.eps, out_dtype=query.dtype)
         out = self.out_proj(merge_heads(out))
         weights = None
         if need_weights:  # the state then holds the summary and the keys (see _source_state)

@@ -22,8 +22,12 @@ def compute_dtype(x: Tensor) -> torch.dtype:
 def guarded_ratio(num: Tensor, den: Tensor, eps: float, out_dtype: torch.dtype) -> Tensor:
     """num / max(den, eps) in (at least) fp32; ``num`` is ``[..., K]`` and ``den`` is ``[...]``."""
     acc = compute_dtype(num)
-    out = num.to(acc) / den.to(acc).clamp_min(eps).unsqueeze(-1)
-    if torch.finfo(out_dtype).max < torch.finfo(acc).max:
+    return cast_finite(num.to(acc) / den.to(acc).clamp_min(eps).unsqueeze(-1), out_dtype)
+
+
+def cast_finite(out: Tensor, out_dtype: torch.dtype) -> Tensor:
+    """``out`` in ``out_dtype``, clamped to its finite range when that is narrower."""
+    if out.dtype != out_dtype and torch.finfo(out_dtype).max < torch.finfo(out.dtype).max:
         limit = torch.finfo(out_dtype).max
         out = out.clamp(-limit, limit)
     return out.to(out_dtype)

@@ -1,8 +1,6 @@
 """The feature-map kernel (rfa_fairseq/kernels) against ops.prepared_feature_map, and its sin/cos
 against fp64."""
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -10,7 +8,6 @@ import torch
 from rfa_fairseq import kernels
 from rfa_fairseq.ops import l2_normalize, prepared_feature_map, projection_matrix, sample_random_matrix
 
-from rfa_test_utils import has_x86_64_v3
 
 
 def _sincos(x, scale=1.0):
@@ -120,14 +117,3 @@ def test_feature_map_refuses_bad_arguments_by_name():
         kernels.feature_map("gaussian", x[..., :7], matrix, 1e-6)
     with pytest.raises(ValueError, match="unknown kernel"):
         kernels.feature_map("laplace", x, matrix, 1e-6)
-
-
-def test_the_wide_loops_run_where_the_cpu_has_them():
-    """On a CPU with AVX2 + FMA (x86-64-v3) the library picks the wide loops by itself, in a fresh
-    process (GCC's target_clones("arch=haswell"), used before, did not on AMD CPUs: its resolver
-    asks whether the CPU is a Haswell, not whether it has the features)."""
-    code = "from rfa_fairseq import kernels; print(kernels.simd())"
-    chosen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1]
-    assert chosen == ("x86-64-v3" if has_x86_64_v3() else "baseline")
-    with pytest.raises(RuntimeError, match="simd level must be"):
-        kernels.load().set_simd("avx512")

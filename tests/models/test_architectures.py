@@ -110,17 +110,18 @@ def test_language_model_recompute_flag(lm_model):
 
 
 def _decode_kernels(model):
-    """The choice of every causal module and every feature map (self and cross attention)."""
+    """The choice of every causal and cross module and every feature map."""
     found = set()
     for layer in model.decoder.layers:
         found.add(layer.self_attn.decode_kernel)
         found.add(layer.self_attn.feature_map.decode_kernel)
         if getattr(layer, "encoder_attn", None) is not None:
+            found.add(layer.encoder_attn.decode_kernel)
             found.add(layer.encoder_attn.feature_map.decode_kernel)
     return found
 
 
-def test_decode_kernel_flag_reaches_the_causal_modules_and_feature_maps(translation_model, lm_model):
+def test_decode_kernel_flag_reaches_every_attention_module_and_feature_map(translation_model, lm_model):
     _, model = translation_model()
     assert _decode_kernels(model) == {"auto"}
     _, model = translation_model("--rfa-decode-kernel", "torch")

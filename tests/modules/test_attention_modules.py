@@ -86,14 +86,21 @@ def _cross_state(saved):
     return [saved[name] for name in ("Sz", "kT", "v1") if name in saved]
 
 
+@pytest.mark.parametrize("decode_kernel", ["cpp", "torch"])
 @pytest.mark.parametrize("S,form", [(7, "kT"), (12, "Sz")], ids=["short_source", "long_source"])
-def test_cross_incremental_beam_sharing_and_reorder(S, form):
+def test_cross_incremental_beam_sharing_and_reorder(S, form, decode_kernel, monkeypatch):
     """A short source is kept as keys and values (fewer numbers than the summary: F = 80, K = 8
     here, so below 720 / 89 = 8.1 tokens), a longer one as the summary; either way one per
-    sentence, equal to the full forward, and reordered by sentence."""
+    sentence, equal to the full forward, and reordered by sentence. The decoding steps read the
+    state with the compiled readout (cpp) or the PyTorch ops (torch)."""
+    from rfa_fairseq import kernels
+
+    calls = []
+    original = kernels.cross_readout
+    monkeypatch.setattr(kernels, "cross_readout", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     torch.manual_seed(2)
     beam, bsz = 3, 4
-    attn = CrossRFAttention(C, H, fmap(1)).eval()
+    attn = CrossRFAttention(C, H, fmap(1), decode_kernel=decode_kernel).eval()
     enc = torch.randn(S, bsz, C)
     mask = _left_pad_mask([S, 3, 5, 6], S)
     enc_b = enc.repeat_interleave(beam, dim=1)  # sentence-major, as fairseq's generator lays it out
@@ -129,6 +136,7 @@ def test_cross_incremental_beam_sharing_and_reorder(S, form):
                          need_weights=True)
         torch.testing.assert_close(w, w_full, rtol=1e-5, atol=1e-6)
         assert "Sz" in attn._get_input_buffer(state)
+    assert len(calls) == (3 if decode_kernel == "cpp" else 0)  # the decoding steps, not the full forwards
 
 
 def _causal_buffer(saved):
