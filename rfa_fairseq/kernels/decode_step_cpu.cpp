@@ -157,36 +157,44 @@ RFA_INLINE float dot(const float* x, const float* y, int64_t n) {
   return total;
 }
 
+// The keys of token i for every (row, head) lie next to each other ([n, B, H, W]), the keys of one
+// (row, head) are B * H * W apart: so the loop runs over the tokens outside and the (row, head)
+// pairs inside, reading and writing the buffers in order (one (row, head) after another, each
+// one's readout kept in ``acc``), not jumping a page per key. Each pair sums its keys in token
+// order either way.
 RFA_INLINE void keys_rows_body(const StepArgs& a, const float* s_all, float* d_all, int64_t length,
                                int64_t begin, int64_t end) {
   const bool gated = a.log_g != nullptr, copy = s_all != d_all;
-  const int64_t K1 = a.K + 1, W = a.F + K1 + (gated ? 1 : 0);
-  std::vector<float> acc(K1);
-  for (int64_t bh = begin; bh < end; ++bh) {
-    const int64_t b = bh / a.H, h = bh % a.H;
-    const int64_t sb = a.order ? a.order[b] : b;
-    const float* q = a.q + b * a.q0 + h * a.q1;
-    float g, one_minus_g;
-    gate_of(a, bh, g, one_minus_g);
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    float* ac = acc.data();
-    for (int64_t i = 0; i < length; ++i) {
+  const int64_t K1 = a.K + 1, W = a.F + K1 + (gated ? 1 : 0), n = end - begin;
+  std::vector<float> acc(n * K1, 0.0f), gates(2 * n);
+  for (int64_t bh = begin; bh < end; ++bh) gate_of(a, bh, gates[2 * (bh - begin)], gates[2 * (bh - begin) + 1]);
+  for (int64_t i = 0; i < length; ++i) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / a.H, h = bh % a.H;
+      const int64_t sb = a.order ? a.order[b] : b;
+      const float* q = a.q + b * a.q0 + h * a.q1;
       const float* s = s_all + ((i * a.B + sb) * a.H + h) * W;
       float* d = d_all + ((i * a.B + b) * a.H + h) * W;
-      const float w = gated ? s[W - 1] * g : 1.0f;
+      const float w = gated ? s[W - 1] * gates[2 * (bh - begin)] : 1.0f;
       const float score = dot(q, s, a.F) * w;
       const float* vals = s + a.F;
+      float* ac = acc.data() + (bh - begin) * K1;
       for (int64_t j = 0; j < K1; ++j) ac[j] += score * vals[j];
       if (copy) std::copy(s, s + a.F + K1, d);
       if (gated) d[W - 1] = w;
     }
-    // the new key
+  }
+  for (int64_t bh = begin; bh < end; ++bh) {  // the new key, then the readout
+    const int64_t b = bh / a.H, h = bh % a.H;
+    const float* q = a.q + b * a.q0 + h * a.q1;
+    float* ac = acc.data() + (bh - begin) * K1;
     float* d = d_all + ((length * a.B + b) * a.H + h) * W;
     const float* k = a.k + b * a.k0 + h * a.k1;
     const float* v = a.v + b * a.v0 + h * a.v1;
     std::copy(k, k + a.F, d);
     float score = dot(q, k, a.F);
     if (gated) {
+      const float one_minus_g = gates[2 * (bh - begin) + 1];
       score *= one_minus_g;
       d[W - 1] = one_minus_g;
     }
