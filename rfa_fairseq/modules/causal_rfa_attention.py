@@ -65,7 +65,9 @@ class CausalRFAttention(nn.Module):
         decode_kernel: how a decoding step (one token, no gradient) runs on the CPU: ``"cpp"`` the
             fused compiled kernel (``rfa_fairseq.kernels``: beam gather, decay, update and
             readout in one pass over the state), ``"torch"`` the PyTorch ops, ``"auto"`` the
-            kernel for fp32 CPU steps when it builds, else the PyTorch ops.
+            kernel for fp32 CPU steps when it builds, else the PyTorch ops. (The feature map has
+            its own choice, see :class:`RandomFeatureMap`; the models set both from
+            ``--rfa-decode-kernel``.)
     """
 
     STATE_KEY = "rfa_state"
