@@ -49,6 +49,7 @@ CASES = {
     "decoding step, split_heads view": (8, 4, 1, 16, 64),
     "several rows": (3, 2, 7, 16, 32),
     "D not a multiple of 32": (2, 3, 5, 12, 40),
+    "D not a multiple of 8": (2, 2, 3, 16, 45),
     "K not a multiple of 8": (2, 2, 3, 13, 32),
     "one row": (1, 1, 1, 8, 8),
 }
