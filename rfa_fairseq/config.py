@@ -57,9 +57,10 @@ class RFAConfig(FairseqDataclass):
     rfa_decode_kernel: ChoiceEnum(list(DECODE_KERNELS)) = field(
         default="auto",
         metadata={"help": "how RFA decoding runs on the CPU: cpp = compiled C++ kernels (the causal step's beam "
-                          "gather, decay, update and readout in one pass, cross attention's readout, and the random "
-                          "feature map of every call without autograd; built on first use, about 30 s, then cached by torch), "
-                          "torch = PyTorch ops, auto = the kernels for fp32 if they build, else PyTorch ops. fairseq-generate reads it from the checkpoint: change it with "
+                          "gather, decay, update and readout in one pass, cross attention's readout, and the "
+                          "random feature map of every call without autograd; built on first use, about 30 s, "
+                          "then cached by torch), torch = PyTorch ops, auto = the kernels for fp32 if they "
+                          "build, else PyTorch ops. fairseq-generate reads it from the checkpoint: change it with "
                           "--model-overrides \"{'rfa_decode_kernel': 'torch'}\""},
     )
 

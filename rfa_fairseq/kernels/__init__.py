@@ -1,5 +1,5 @@
-"""Compiled CPU kernels for decoding (``decode_step_cpu.cpp``): the fused causal step and the
-random feature map of a few rows.
+"""Compiled CPU kernels for decoding (``decode_step_cpu.cpp``): the fused causal step, the random
+feature map of a few rows, and cross attention's readout.
 
 A decoding step of causal RFA in PyTorch ops makes several passes over the layer's state: the
 beam gather, the gate's decay, the update and the readout, each over a multi-MiB tensor that the
@@ -12,7 +12,9 @@ ninja; about half a minute, then cached in ``TORCH_EXTENSIONS_DIR``, by default
 
 The feature map of a decoding step (normalise, project, sin and cos, scale: about ten small
 PyTorch ops, each starting cold) is one call too, used by
-:class:`~rfa_fairseq.modules.RandomFeatureMap` without autograd.
+:class:`~rfa_fairseq.modules.RandomFeatureMap` without autograd, and so is cross attention's
+readout of the source state (:class:`~rfa_fairseq.modules.CrossRFAttention` while decoding). The
+PyTorch ops in ``ops/feature_maps.py`` and ``ops/cross_rfa`` are their references.
 
     fused_summary_step(src, dst, order, q, k, v, log_g, eps)          # the summary [S | z]
     fused_keys_step(src, dst, order, length, q, k, v, log_g, eps)     # the attention form
@@ -59,13 +61,13 @@ def load():
             from torch.utils.cpp_extension import _get_build_directory
 
             clear_stale_lock(_get_build_directory(_NAME, verbose=False))
-            logger.info("loading the RFA CPU decoding kernel (the first time: building it, about 30 s)")
+            logger.info("loading the RFA CPU decoding kernels (the first time: building them, about 30 s)")
             # OpenMP for at::parallel_for over (row, head) pairs: the process's libgomp, torch's own
             openmp = ["-fopenmp"] if sys.platform.startswith("linux") else []
             _loaded["module"] = load_extension(name=_NAME, sources=[_SOURCE],
                                                extra_cflags=["-O3"] + openmp, extra_ldflags=openmp, verbose=False)
         except Exception as e:  # a missing compiler, ninja or headers
-            _loaded["error"] = (f"the RFA CPU decoding kernel could not be built ({type(e).__name__}: {e}); "
+            _loaded["error"] = (f"the RFA CPU decoding kernels could not be built ({type(e).__name__}: {e}); "
                                 f"use --rfa-decode-kernel torch")
             raise RuntimeError(_loaded["error"]) from e
         return _loaded["module"]

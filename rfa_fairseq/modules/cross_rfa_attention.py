@@ -19,8 +19,8 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..ops import cross_rfa_apply, cross_rfa_apply_keys, cross_rfa_keys, cross_rfa_state, cross_rfa_weights
 from .. import kernels
+from ..ops import cross_rfa_apply, cross_rfa_apply_keys, cross_rfa_keys, cross_rfa_state, cross_rfa_weights
 from ..ops import keys_form_is_smaller
 from ..ops.denominator import DEFAULT_EPS, cast_finite
 from .causal_rfa_attention import IncrementalState, init_projection
