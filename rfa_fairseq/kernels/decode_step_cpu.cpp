@@ -96,11 +96,15 @@ RFA_INLINE void gate_of(const StepArgs& a, int64_t bh, float& g, float& one_minu
   }
 }
 
-// out = acc[:K] / max(acc[K], eps)
+// out = acc[:K] / max(acc[K], eps): numerator over the guarded denominator (ops/denominator.py)
+RFA_INLINE void guarded_ratio(const float* acc, int64_t K, float eps, float* out) {
+  const float den = std::max(acc[K], eps);
+  for (int64_t j = 0; j < K; ++j) out[j] = acc[j] / den;
+}
+
+// the causal step's readout of (row, head) bh
 RFA_INLINE void write_ratio(const StepArgs& a, int64_t bh, const float* acc) {
-  const float den = std::max(acc[a.K], a.eps);
-  float* o = a.out + bh * a.K;
-  for (int64_t j = 0; j < a.K; ++j) o[j] = acc[j] / den;
+  guarded_ratio(acc, a.K, a.eps, a.out + bh * a.K);
 }
 
 RFA_INLINE void summary_rows_body(const StepArgs& a, const float* s_all, float* d_all, int64_t begin,
@@ -368,9 +372,7 @@ RFA_INLINE void cross_rows_body(const CrossArgs& a, int64_t begin, int64_t end) 
       vecmat(q, a.kT + sh * a.F * a.S, scores.data(), a.F, a.S, 1.0f);  // phi(q) phi(K)^T
       vecmat(scores.data(), a.v1 + sh * a.S * K1, acc.data(), a.S, K1, 1.0f);  // ... [V | 1]
     }
-    const float den = std::max(acc[a.K], a.eps);
-    float* o = a.out + i * a.K;
-    for (int64_t j = 0; j < a.K; ++j) o[j] = acc[j] / den;
+    guarded_ratio(acc.data(), a.K, a.eps, a.out + i * a.K);
   }
 }
 
