@@ -15,8 +15,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["rfa_fairseq", "rfa_fairseq.*"]),
-    package_data={"rfa_fairseq.kernels": ["*.cpp"]},  # compiled on first use (rfa_fairseq/kernels)
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     install_requires=[],
     extras_require={
         "stack": ["torch>=2.4", "fairseq-fixed==0.12.3.1", "hydra-core==1.3.2", "omegaconf==2.3.0",

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field, fields
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from .kernels import DECODE_KERNELS, check_choice
 from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
 from .ops.causal_rfa import DEFAULT_CHUNK_SIZE
 
@@ -54,18 +53,12 @@ class RFAConfig(FairseqDataclass):
                           "and compute the random features and the attention again there (training memory about "
                           "0.6-0.9x of the default, for a second forward pass of the attention; see docs/benchmarks.md)"},
     )
-    rfa_decode_kernel: ChoiceEnum(list(DECODE_KERNELS)) = field(
-        default="auto",
-        metadata={"help": "how RFA decoding runs on the CPU: cpp = compiled C++ kernels (the causal step's beam "
-                          "gather, decay, update and readout in one pass, cross attention's readout, and the "
-                          "random feature map of every call without autograd; built on first use, about 30 s, "
-                          "then cached by torch), torch = PyTorch ops, auto = the kernels for fp32 if they "
-                          "build, else PyTorch ops. fairseq-generate reads it from the checkpoint: change it with "
-                          "--model-overrides \"{'rfa_decode_kernel': 'torch'}\""},
-    )
 
 
 RFA_FIELDS = tuple(f.name for f in fields(RFAConfig) if f.name.startswith("rfa_"))
+# Flags of earlier releases that no longer change anything; checkpoints saved with them still load
+# (drop_removed_fields takes them out of the saved arguments before the model is built).
+REMOVED_FIELDS = ("rfa_decode_kernel",)
 _DEFAULTS = RFAConfig()
 
 
@@ -78,6 +71,15 @@ def fill_rfa_defaults(args):
     for name in RFA_FIELDS:
         if getattr(args, name, None) is None:
             setattr(args, name, getattr(_DEFAULTS, name))
+
+
+def drop_removed_fields(args):
+    """Remove :data:`REMOVED_FIELDS` from a checkpoint's model arguments (a namespace or config)."""
+    for name in REMOVED_FIELDS:
+        if name in getattr(args, "__dict__", {}):
+            delattr(args, name)
+        elif hasattr(args, "pop") and name in args:
+            args.pop(name)
 
 
 def rfa_config_from(args) -> RFAConfig:
@@ -106,5 +108,4 @@ def rfa_config_from(args) -> RFAConfig:
         )
     values["rfa_gate"] = bool(values["rfa_gate"])
     values["rfa_recompute"] = bool(values["rfa_recompute"])
-    values["rfa_decode_kernel"] = check_choice(str(values["rfa_decode_kernel"]))
     return RFAConfig(**values)

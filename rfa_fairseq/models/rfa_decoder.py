@@ -39,7 +39,6 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             random_matrix=self.rfa.rfa_random_matrix,
             init_sigma=self.rfa.rfa_init_sigma,
             module_id=module_id,
-            decode_kernel=self.rfa.rfa_decode_kernel,
         )
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
@@ -54,7 +53,6 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             eps=self.rfa.rfa_eps,
             chunk_size=self.rfa.rfa_chunk_size,
             recompute=self.rfa.rfa_recompute,
-            decode_kernel=self.rfa.rfa_decode_kernel,
         )
 
     def build_encoder_attention(self, embed_dim, cfg):
@@ -65,7 +63,6 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             kdim=cfg.encoder.embed_dim,
             eps=self.rfa.rfa_eps,
             recompute=self.rfa.rfa_recompute,
-            decode_kernel=self.rfa.rfa_decode_kernel,
         )
 
 

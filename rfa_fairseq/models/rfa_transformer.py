@@ -17,7 +17,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 from omegaconf import OmegaConf
 
-from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
+from ..config import RFAConfig, drop_removed_fields, fill_rfa_defaults, rfa_config_from
 from .rfa_decoder import RFATransformerDecoder
 
 
@@ -41,6 +41,7 @@ class RFATransformerModel(TransformerModel):
             # fairseq-hydra-train passes a DictConfig; fairseq's TransformerConfig.from_namespace
             # keeps unknown (rfa_*) keys only from a Namespace, so convert (the config is flat).
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
+        drop_removed_fields(args)  # a checkpoint's arguments may name flags of earlier releases
         rfa_base_architecture(args)
         rfa_config_from(args)  # validate the --rfa-* flags before building anything
         check_heads(args.decoder_embed_dim, args.decoder_attention_heads,

@@ -84,7 +84,7 @@ def rfa_lm_base_architecture(args):
 
 @register_model_architecture("rfa_transformer_lm", "rfa_transformer_lm_wiki103")
 def rfa_transformer_lm_wiki103(args):
-    """Baevski and Auli's adaptive-input WikiText-103 model (16 layers, 1024 dims, 16 heads)."""
+    """Baevski and Auli's adaptive-input WikiText-103 model (16 layers, 1024 dims, 8 heads)."""
     transformer_lm_baevski_wiki103(args)
     rfa_lm_base_architecture(args)
 

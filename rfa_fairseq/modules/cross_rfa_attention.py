@@ -3,9 +3,7 @@
 Drop-in for fairseq's MultiheadAttention in a decoder layer's ``encoder_attn`` slot. Layout:
 Time x Batch x Channel. The source is summarised once into ``(S [Bs, H, F, K], z [Bs, H, F])``
 (padding excluded), kept packed as ``Sz [Bs, H, F, K + 1]``; every decoding step and every beam
-reads that summary at O(F K) per head. A decoding state over a source shorter than
-``F (K + 1) / (F + K + 1)`` tokens keeps the attention form instead (``phi(K)^T`` and
-``[V | 1]``, O(S (F + K)) per head and step): the same result in fewer bytes.
+reads that summary at O(F K) per head.
 
 Beam search (fairseq's SequenceGenerator calls ``set_beam_size``): the encoder output is
 repeated ``beam`` times, sentence-major, so the state is computed from one copy per sentence
@@ -15,21 +13,17 @@ the batch keeps its sentences, and an index by sentence when finished sentences 
 from typing import Dict, Optional, Tuple
 
 import torch
-from fairseq.incremental_decoding_utils import with_incremental_state
-from torch import Tensor, nn
+from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from .. import kernels
-from ..ops import cross_rfa_apply, cross_rfa_apply_keys, cross_rfa_keys, cross_rfa_state, cross_rfa_weights
-from ..ops import keys_form_is_smaller
-from ..ops.denominator import DEFAULT_EPS, cast_finite
-from .causal_rfa_attention import IncrementalState, init_projection
+from ..ops import cross_rfa_apply, cross_rfa_state, cross_rfa_weights
+from ..ops.denominator import DEFAULT_EPS
 from .heads import merge_heads, split_heads
 from .random_feature_map import RandomFeatureMap
+from .rfa_attention_base import IncrementalState, RFAttentionBase
 
 
-@with_incremental_state
-class CrossRFAttention(nn.Module):
+class CrossRFAttention(RFAttentionBase):
     """Non-causal random feature attention from decoder queries to encoder keys/values.
 
     Args:
@@ -42,34 +36,10 @@ class CrossRFAttention(nn.Module):
 
     STATE_KEY = "rfa_cross_state"
 
-    def __init__(
-        self,
-        embed_dim: int,
-        num_heads: int,
-        feature_map: RandomFeatureMap,
-        kdim: Optional[int] = None,
-        bias: bool = True,
-        eps: float = DEFAULT_EPS,
-        recompute: bool = False,
-        decode_kernel: str = "auto",
-    ):
-        super().__init__()
-        self.decode_kernel = kernels.check_choice(decode_kernel)
-        if embed_dim % num_heads != 0:
-            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
-        kdim = kdim or embed_dim
-        self.embed_dim, self.num_heads = embed_dim, num_heads
-        self.head_dim = embed_dim // num_heads
-        self.eps, self.recompute = eps, recompute
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.k_proj = nn.Linear(kdim, embed_dim, bias=bias)
-        self.v_proj = nn.Linear(kdim, embed_dim, bias=bias)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.feature_map = feature_map
+    def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, kdim: Optional[int] = None,
+                 bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False):
+        super().__init__(embed_dim, num_heads, feature_map, kdim=kdim, bias=bias, eps=eps, recompute=recompute)
         self.beam_size = 1
-        for proj in (self.q_proj, self.k_proj, self.v_proj):
-            init_projection(proj, gain=2**-0.5)
-        init_projection(self.out_proj)
 
     def set_beam_size(self, beam_size: int):
         """Called through the decoder by fairseq's SequenceGenerator."""
@@ -92,20 +62,17 @@ class CrossRFAttention(nn.Module):
         return beam
 
     def _source_state(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], rows: int,
-                      keep_keys: bool, decoding: bool = False) -> Dict[str, Optional[Tensor]]:
-        """The source's summary ``Sz``, or, for a decoding state over a short source, its
-        attention form ``kT``, ``v1`` (fewer numbers for every step to read; the same result)."""
+                      keep_keys: bool) -> Dict[str, Optional[Tensor]]:
+        """The source's summary ``Sz`` (from one copy of each source when ``rows`` > 1), and with
+        ``keep_keys`` the feature-mapped keys the attention weights need."""
         if rows > 1:
             key, value = key[:, ::rows], value[:, ::rows]
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask[::rows]
         k = self.feature_map(split_heads(self.k_proj(key), self.num_heads))
         v = split_heads(self.v_proj(value), self.num_heads)
-        saved: Dict[str, Optional[Tensor]] = {"rows_per_source": torch.tensor([rows])}
-        if decoding and not keep_keys and keys_form_is_smaller(k.shape[2], k.shape[3], v.shape[3]):
-            saved["kT"], saved["v1"] = cross_rfa_keys(k, v, key_padding_mask)
-        else:
-            saved["Sz"] = cross_rfa_state(k, v, key_padding_mask, packed=True)
+        saved: Dict[str, Optional[Tensor]] = {"rows_per_source": torch.tensor([rows]),
+                                              "Sz": cross_rfa_state(k, v, key_padding_mask, packed=True)}
         if keep_keys:
             saved["k"] = k
             saved["key_padding_mask"] = key_padding_mask
@@ -153,18 +120,11 @@ class CrossRFAttention(nn.Module):
                 raise ValueError("CrossRFAttention needs the encoder output on the first step")
             rows = self._rows_per_source(key, key_padding_mask, B) if incremental_state is not None else 1
             saved = self._source_state(key, value if value is not None else key, key_padding_mask, rows,
-                                       keep_keys=need_weights, decoding=incremental_state is not None)
+                                       keep_keys=need_weights)
             if incremental_state is not None:
                 self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
         q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
-        state = saved["Sz"] if "Sz" in saved else (saved["kT"], saved["v1"])
-        if incremental_state is not None and kernels.usable(self.decode_kernel, q, saved.get("Sz", saved.get("v1"))):
-            out = cast_finite(kernels.cross_readout(q, state, self.eps), query.dtype)
-        elif "Sz" in saved:
-            out = cross_rfa_apply(q, state, eps=self.eps, out_dtype=query.dtype)
-        else:
-            out = cross_rfa_apply_keys(q, state, eps=self.eps, out_dtype=query.dtype)
-        out = self.out_proj(merge_heads(out))
+        out = self.out_proj(merge_heads(cross_rfa_apply(q, saved["Sz"], eps=self.eps, out_dtype=query.dtype)))
         weights = None
         if need_weights:  # the state then holds the summary and the keys (see _source_state)
             weights = cross_rfa_weights(q, saved["k"], saved["Sz"], saved.get("key_padding_mask"), eps=self.eps)
@@ -183,7 +143,7 @@ class CrossRFAttention(nn.Module):
         if saved is None:
             return incremental_state
         rows = int(saved["rows_per_source"][0])
-        num_sources = (saved["Sz"] if "Sz" in saved else saved["kT"]).size(0)
+        num_sources = saved["Sz"].size(0)
         if rows > 1:
             if num_sources * rows == new_order.numel():
                 return incremental_state  # beams were reordered within their sentences
@@ -196,9 +156,3 @@ class CrossRFAttention(nn.Module):
         }
         self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
         return incremental_state
-
-    def _get_input_buffer(self, incremental_state: Optional[IncrementalState]) -> Dict[str, Optional[Tensor]]:
-        return self.get_incremental_state(incremental_state, self.STATE_KEY) or {}
-
-    def _set_input_buffer(self, incremental_state: IncrementalState, buffer: Dict[str, Optional[Tensor]]):
-        return self.set_incremental_state(incremental_state, self.STATE_KEY, buffer)

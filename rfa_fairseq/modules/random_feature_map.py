@@ -13,28 +13,28 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .. import kernels
-from ..ops import feature_map, feature_size, l2_normalize, prepared_feature_map, projection_matrix, sample_random_matrix
-from ..ops.feature_maps import NORM_EPS
+from ..ops import feature_map, feature_size, sample_random_matrix
+
+_M64 = 2**64 - 1
 
 
-def _identity(t: Tensor):
-    """What changes when ``t`` does: storage, place, version counter (None for an inference
-    tensor, which has no version counter: then nothing is reused)."""
-    if t.is_inference():
-        return None
-    return (t.data_ptr(), t.device, t._version)
+def draw_seed(initial_seed: int, num_updates: int, module_id: int) -> int:
+    """A 63-bit seed from the three integers by arithmetic alone (splitmix64's mixing step on each
+    in turn), so a resumed run draws the same matrices whatever the interpreter's ``hash``."""
+    x = 0
+    for part in (initial_seed, num_updates, module_id):
+        x = ((x ^ (part & _M64)) + 0x9E3779B97F4A7C15) & _M64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+        x ^= x >> 31
+    return x >> 1
 
 
 class RandomFeatureMap(nn.Module):
     """phi(x) for queries and keys of one attention module; input ``[B, H, T, K]``.
 
     Queries and keys are L2-normalised, scaled element-wise by ``sigma`` (``[H, K]``, learned)
-    and projected on the random rows; output ``[B, H, T, F]`` in fp32.
-
-    ``decode_kernel`` (``--rfa-decode-kernel``): without autograd (decoding, validation) the map
-    of fp32 CPU inputs runs as one compiled call (``rfa_fairseq.kernels.feature_map``) under
-    ``"auto"`` (if the kernel builds) and ``"cpp"``; ``"torch"`` keeps the PyTorch ops.
+    and mapped by ``kernel`` (see ``ops.feature_maps``); output ``[B, H, T, F]`` in fp32.
     """
 
     def __init__(
@@ -46,10 +46,8 @@ class RandomFeatureMap(nn.Module):
         random_matrix: str = "orthogonal",
         init_sigma: float = 1.0,
         module_id: int = 0,
-        decode_kernel: str = "auto",
     ):
         super().__init__()
-        self.decode_kernel = kernels.check_choice(decode_kernel)
         self.num_heads, self.head_dim, self.num_features = num_heads, head_dim, num_features
         self.kernel, self.random_matrix_kind, self.module_id = kernel, random_matrix, module_id
         self.output_dim = feature_size(kernel, num_features)
@@ -57,7 +55,6 @@ class RandomFeatureMap(nn.Module):
         self.register_buffer("random_matrix", torch.zeros(num_heads, num_features, head_dim))
         self.num_updates = 0
         self._drawn_for = None
-        self._prepared = None  # (key, projection_matrix) for use without autograd
         self.redraw()
 
     def set_num_updates(self, num_updates: int):
@@ -65,8 +62,7 @@ class RandomFeatureMap(nn.Module):
         self.num_updates = num_updates
 
     def draw_seed(self) -> int:
-        key = (torch.initial_seed(), self.num_updates, self.module_id)
-        return hash(key) % (2**63)
+        return draw_seed(torch.initial_seed(), self.num_updates, self.module_id)
 
     @torch.no_grad()
     def redraw(self, seed: int = None):
@@ -97,29 +93,9 @@ class RandomFeatureMap(nn.Module):
         buffer (then there is no redraw check: the copy is of the current draw)."""
         if random_matrix is None:
             self.refresh()
-        x = x.double() if x.dtype == torch.float64 else x.float()
-        if torch.is_grad_enabled() or random_matrix is not None:
-            return feature_map(self.kernel, l2_normalize(x), self.sigma,
-                               self.random_matrix if random_matrix is None else random_matrix)
-        if kernels.usable(self.decode_kernel, x, x):
-            return kernels.feature_map(self.kernel, x, self.prepared_matrix(x.dtype), NORM_EPS)
-        return prepared_feature_map(self.kernel, l2_normalize(x), self.prepared_matrix(x.dtype))
-
-    def prepared_matrix(self, dtype: torch.dtype) -> Tensor:
-        """``projection_matrix(sigma, random_matrix)`` in ``dtype``, made again only when sigma
-        or the random matrix changed (a new tensor, an in-place update, a redraw): decoding
-        steps reuse one. Without autograd only; under autograd sigma's gradient needs the product
-        recorded, so :meth:`forward` uses the reference :func:`feature_map` there."""
-        key = (dtype, torch.is_inference_mode_enabled(), _identity(self.sigma), _identity(self.random_matrix))
-        if self._prepared is not None and self._prepared[0] == key and None not in key:
-            return self._prepared[1]
-        with torch.no_grad():
-            matrix = projection_matrix(self.sigma.to(dtype), self.random_matrix.to(dtype))
-        self._prepared = (key, matrix)
-        return matrix
+            random_matrix = self.random_matrix
+        return feature_map(self.kernel, x, self.sigma, random_matrix)
 
     def extra_repr(self) -> str:
-        return (
-            f"heads={self.num_heads}, head_dim={self.head_dim}, features={self.num_features}, "
-            f"kernel={self.kernel}, random_matrix={self.random_matrix_kind}, decode_kernel={self.decode_kernel}"
-        )
+        return (f"heads={self.num_heads}, head_dim={self.head_dim}, features={self.num_features}, "
+                f"kernel={self.kernel}, random_matrix={self.random_matrix_kind}")

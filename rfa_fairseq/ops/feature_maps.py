@@ -1,27 +1,23 @@
-"""Random matrices and random feature maps (pure torch).
+"""Random matrices and feature maps (pure torch).
 
 Layouts: inputs ``x`` are ``[B, H, T, K]`` (batch, heads, time, head dim ``K``); a random
 matrix is ``[H, D, K]`` (``D`` random features per head); a per-head scale ``sigma`` is
-``[H, K]``. Feature maps return ``[B, H, T, F]`` with ``F = 2D`` (Gaussian) or ``F = D``
-(arc-cosine). Features are computed in fp32 (fp64 for fp64 inputs).
+``[H, K]``. Feature maps return ``[B, H, T, F]``, ``F = D * FEATURE_MAPS[kernel].per_feature``,
+in fp32 (fp64 for fp64 inputs, which the tests use).
+
+Training and decoding call the same :func:`feature_map`; a new kernel is one function and one
+entry in :data:`FEATURE_MAPS`.
 """
 import math
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
 
-KERNELS = ("gaussian", "arccos")
+from .denominator import compute_dtype
+
 RANDOM_MATRICES = ("gaussian", "orthogonal")
-
-
-def feature_size(kernel: str, num_features: int) -> int:
-    """Length ``F`` of phi(x) for ``num_features`` random projections."""
-    if kernel == "gaussian":
-        return 2 * num_features
-    if kernel == "arccos":
-        return num_features
-    raise ValueError(f"unknown kernel {kernel!r}; expected one of {KERNELS}")
+NORM_EPS = 1e-6
 
 
 def sample_gaussian_matrix(
@@ -60,79 +56,61 @@ def sample_random_matrix(
     raise ValueError(f"unknown random matrix kind {kind!r}; expected one of {RANDOM_MATRICES}")
 
 
-NORM_EPS = 1e-6
-
-
 def l2_normalize(x: Tensor, eps: float = NORM_EPS) -> Tensor:
     """x / (|x| + eps) over the last dimension."""
     return x / (x.norm(dim=-1, keepdim=True) + eps)
 
 
-def _project(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
-    """(sigma * x) . omega_i for every row, ``[B, H, T, D]``.
+def project(x: Tensor, random_matrix: Tensor) -> Tensor:
+    """``w_i . x`` for every random row: ``[B, H, T, K]`` x ``[H, D, K]`` -> ``[B, H, T, D]``.
 
-    The scale goes on whichever side is smaller: on the ``[H, D, K]`` matrix when there are
-    more input rows per head than random features (training), else on the inputs (a decoding
-    step has a handful of rows; scaling the matrix would write a new ``[H, D, K]`` tensor per
-    call). Both are the same product up to rounding. einsum batches over heads without
-    expanding the matrix per batch row."""
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    x, sigma, random_matrix = x.to(acc), sigma.to(acc), random_matrix.to(acc)
-    rows = x.shape[0] * x.shape[2]
-    if rows >= random_matrix.shape[1]:
-        return torch.einsum("bhtk,hdk->bhtd", x, random_matrix * sigma.unsqueeze(1))
-    return torch.einsum("bhtk,hdk->bhtd", x * sigma[:, None, :], random_matrix)
-
-
-def projection_matrix(sigma: Tensor, random_matrix: Tensor) -> Tensor:
-    """The random rows with the scale folded in, laid out for one batched matmul: ``[H, K, D]``
-    contiguous, since ``(sigma * x) . omega_i == x . (sigma * omega_i)``. A module that does not
-    train sigma (decoding) makes this once and reuses it: see :func:`prepared_feature_map`."""
-    return (random_matrix * sigma.unsqueeze(1)).transpose(1, 2).contiguous()
-
-
-def project_prepared(x: Tensor, matrix: Tensor) -> Tensor:
-    """``[B, H, T, K]`` inputs on a :func:`projection_matrix` ``[H, K, D]`` -> ``[B, H, T, D]``.
-
-    One bmm over heads on ``[H, B * T, K]`` rows with a contiguous right operand; for the few
-    rows of a decoding step this is about twice as fast on a cold cache as the einsum of
-    :func:`_project`, which hands the matmul a transposed matrix."""
+    One bmm over heads with the ``B * T`` rows of a head stacked: the matrix is read as it is,
+    never expanded per batch row (a beam-search batch would copy it for every hypothesis)."""
     B, H, T, K = x.shape
-    rows = x.to(matrix.dtype).transpose(0, 1).reshape(H, B * T, K)
-    return torch.bmm(rows, matrix).view(H, B, T, -1).transpose(0, 1)
+    rows = x.transpose(0, 1).reshape(H, B * T, K)
+    return torch.bmm(rows, random_matrix.transpose(1, 2)).view(H, B, T, -1).transpose(0, 1)
 
 
-def features_of_projection(kernel: str, proj: Tensor) -> Tensor:
-    """phi from the projections ``w_i . x`` ``[..., D]``: the nonlinearity and the D^-1/2 scale."""
-    scale = 1.0 / math.sqrt(proj.shape[-1])
-    if kernel == "gaussian":
-        return torch.cat([torch.sin(proj), torch.cos(proj)], dim=-1) * scale
-    if kernel == "arccos":
-        return torch.relu(proj) * scale
-    raise ValueError(f"unknown kernel {kernel!r}; expected one of {KERNELS}")
+def random_fourier_features(x: Tensor, random_matrix: Tensor) -> Tensor:
+    """phi(x) = D^-1/2 [sin(w.x), cos(w.x)]; E[phi(x).phi(y)] = exp(-|x - y|^2 / 2) for the rows
+    ``w`` of ``random_matrix`` drawn from N(0, I) (the scale sigma is already applied to ``x``)."""
+    proj = project(x, random_matrix)
+    return torch.cat([torch.sin(proj), torch.cos(proj)], dim=-1) / math.sqrt(proj.shape[-1])
 
 
-def random_fourier_features(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
-    """phi(x) = D^-1/2 [sin(w.x), cos(w.x)]; E[phi(x).phi(y)] = exp(-|sigma*(x-y)|^2 / 2)."""
-    return features_of_projection("gaussian", _project(x, sigma, random_matrix))
-
-
-def arccos_features(x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
+def arccos_features(x: Tensor, random_matrix: Tensor) -> Tensor:
     """phi(x) = D^-1/2 max(0, w.x): the order-1 arc-cosine kernel (non-negative features)."""
-    return features_of_projection("arccos", _project(x, sigma, random_matrix))
+    proj = project(x, random_matrix)
+    return torch.relu(proj) / math.sqrt(proj.shape[-1])
+
+
+class FeatureMapKind(NamedTuple):
+    fn: Callable[[Tensor, Tensor], Tensor]  # (scaled unit-norm inputs [B, H, T, K], random matrix) -> phi
+    per_feature: int  # values of phi per random row
+
+
+FEATURE_MAPS = {
+    "gaussian": FeatureMapKind(random_fourier_features, 2),
+    "arccos": FeatureMapKind(arccos_features, 1),
+}
+KERNELS = tuple(FEATURE_MAPS)
+
+
+def _kind(kernel: str) -> FeatureMapKind:
+    if kernel not in FEATURE_MAPS:
+        raise ValueError(f"unknown kernel {kernel!r}; expected one of {KERNELS}")
+    return FEATURE_MAPS[kernel]
+
+
+def feature_size(kernel: str, num_features: int) -> int:
+    """Length ``F`` of phi(x) for ``num_features`` random rows."""
+    return _kind(kernel).per_feature * num_features
 
 
 def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
-    if kernel == "gaussian":
-        return random_fourier_features(x, sigma, random_matrix)
-    if kernel == "arccos":
-        return arccos_features(x, sigma, random_matrix)
-    raise ValueError(f"unknown kernel {kernel!r}; expected one of {KERNELS}")
-
-
-def prepared_feature_map(kernel: str, x: Tensor, matrix: Tensor) -> Tensor:
-    """:func:`feature_map` with the scale already folded into ``matrix = projection_matrix(sigma,
-    random_matrix)``: the same features up to rounding, for callers that keep ``matrix``."""
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown kernel {kernel!r}; expected one of {KERNELS}")
-    return features_of_projection(kernel, project_prepared(x, matrix))
+    """phi(sigma * x / |x|): queries and keys are L2-normalised, scaled element-wise by the learned
+    ``sigma`` and mapped by ``kernel``. ``(sigma * x) . w == x . (sigma * w)``: the scale goes on the
+    inputs, which costs ``1 / D`` of the projection and needs no per-call copy of the matrix."""
+    acc = compute_dtype(x)
+    x = l2_normalize(x.to(acc)) * sigma.to(acc)[:, None, :]
+    return _kind(kernel).fn(x, random_matrix.to(acc))

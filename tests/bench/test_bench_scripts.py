@@ -97,21 +97,6 @@ def test_train_bench_recompute_variants():
         assert all(a.recompute == recompute and (a.gate_proj is not None) == gate for a in attn), variant
 
 
-@pytest.mark.parametrize("task", ["translation", "lm"])
-def test_decode_bench_kernel_variants_build_the_pytorch_ops_models(task, tmp_path):
-    """rfa_torch / rfa_gate_torch are RFA / RFA-Gate with --rfa-decode-kernel torch, and their
-    rows carry a ratio to softmax like the others."""
-    assert decode_speed.parse_args([]).models == ["softmax", "rfa", "rfa_gate"]
-    for name, gate, kernel in [("rfa", False, "auto"), ("rfa_gate", True, "auto"),
-                               ("rfa_torch", False, "torch"), ("rfa_gate_torch", True, "torch")]:
-        _, model = decode_speed.build(task, decode_speed.MODELS[task][name], _dict_dir(tmp_path), 16, tiny=True)
-        attn = [layer.self_attn for layer in model.decoder.layers]
-        assert all(a.decode_kernel == kernel and (a.gate_proj is not None) == gate for a in attn), name
-    result = decode_speed.main(["--task", task, "--lengths", "5", "--models", "softmax", "rfa_gate_torch"] + TINY_DECODE)
-    (row,) = [r for r in result["rows"] if r["model"] == "rfa_gate_torch"]
-    assert row["speed_ratio_to_softmax"] > 0
-
-
 def _dict_dir(tmp_path):
     from bench.common import fake_dictionary
 

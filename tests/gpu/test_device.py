@@ -119,27 +119,3 @@ def test_bf16_autocast_training_step_on_the_device_is_finite(translation_model):
     assert torch.isfinite(loss)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(gr).all() for gr in grads)
-
-
-@pytest.mark.skipif(DEVICE.type != "cuda", reason="what the CPU kernels do on CUDA tensors")
-def test_the_cpu_kernels_stay_out_of_cuda_decoding(translation_model, monkeypatch):
-    """--rfa-decode-kernel auto decodes CUDA tensors with the PyTorch ops; cpp refuses them."""
-    from rfa_fairseq import kernels
-
-    calls = []
-    for name in ("feature_map", "cross_readout", "fused_summary_step", "fused_keys_step"):
-        original = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda *a, _f=original, **kw: calls.append(1) or _f(*a, **kw))
-    task, model = translation_model()
-    model.eval().to(DEVICE)
-    src = random_tokens(task.source_dictionary, 2, 7, torch.Generator().manual_seed(4)).to(DEVICE)
-    prev = torch.full((2, 1), task.target_dictionary.eos(), device=DEVICE)
-    with torch.no_grad():
-        enc = model.encoder(src, src_lengths=torch.full((2,), 7, device=DEVICE))
-        model.decoder(prev, encoder_out=enc, incremental_state={})
-    assert calls == []
-    _, model = translation_model("--rfa-decode-kernel", "cpp")
-    model.eval().to(DEVICE)
-    with torch.no_grad(), pytest.raises(ValueError, match="cpp runs fp32 CPU decoding"):
-        enc = model.encoder(src, src_lengths=torch.full((2,), 7, device=DEVICE))
-        model.decoder(prev, encoder_out=enc, incremental_state={})

@@ -109,35 +109,24 @@ def test_language_model_recompute_flag(lm_model):
     assert all(layer.self_attn.recompute for layer in model.decoder.layers)
 
 
-def _decode_kernels(model):
-    """The choice of every causal and cross module and every feature map."""
-    found = set()
-    for layer in model.decoder.layers:
-        found.add(layer.self_attn.decode_kernel)
-        found.add(layer.self_attn.feature_map.decode_kernel)
-        if getattr(layer, "encoder_attn", None) is not None:
-            found.add(layer.encoder_attn.decode_kernel)
-            found.add(layer.encoder_attn.feature_map.decode_kernel)
-    return found
+def test_the_removed_decode_kernel_flag_is_refused_on_the_command_line(translation_model):
+    """--rfa-decode-kernel chose a compiled CPU path that no longer exists: argparse refuses it
+    by name instead of accepting a flag that does nothing (checkpoints that carry it still load:
+    tests/models/test_checkpoints.py)."""
+    with pytest.raises(SystemExit):
+        translation_model("--rfa-decode-kernel", "torch")
 
 
-def test_decode_kernel_flag_reaches_every_attention_module_and_feature_map(translation_model, lm_model):
-    _, model = translation_model()
-    assert _decode_kernels(model) == {"auto"}
-    _, model = translation_model("--rfa-decode-kernel", "torch")
-    assert _decode_kernels(model) == {"torch"}
-    assert model.decoder.layers[0].encoder_attn.feature_map.decode_kernel == "torch"
-    _, model = lm_model("--rfa-decode-kernel", "cpp")
-    assert _decode_kernels(model) == {"cpp"}
-
-
-def test_decode_kernel_from_a_config_object_is_checked():
-    """A hydra config or a checkpoint's namespace skips argparse's choices: the value is checked
-    when the model reads it, and a config without the field (an older checkpoint) gets auto."""
+def test_removed_fields_are_dropped_from_saved_arguments():
     from argparse import Namespace
 
-    from rfa_fairseq.config import rfa_config_from
+    from omegaconf import OmegaConf
 
-    with pytest.raises(ValueError, match="--rfa-decode-kernel must be one of auto, cpp, torch, got 'fast'"):
-        rfa_config_from(Namespace(rfa_decode_kernel="fast"))
-    assert rfa_config_from(Namespace()).rfa_decode_kernel == "auto"
+    from rfa_fairseq.config import drop_removed_fields, rfa_config_from
+
+    ns = Namespace(rfa_decode_kernel="cpp", rfa_gate=True)
+    drop_removed_fields(ns)
+    assert vars(ns) == {"rfa_gate": True}
+    cfg = OmegaConf.create({"rfa_decode_kernel": "auto", "rfa_eps": 0.5})
+    drop_removed_fields(cfg)
+    assert list(cfg) == ["rfa_eps"] and rfa_config_from(cfg).rfa_eps == 0.5

@@ -9,17 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from rfa_fairseq.ops import (
-    causal_keys_step,
     chunk_causal_rfa,
     feature_map,
-    gather_keys,
     guarded_ratio,
-    keys_capacity,
-    keys_to_summary,
     naive_causal_rfa,
     pack_state,
     recurrent_causal_rfa_step,
-    recurrent_causal_rfa_step_packed,
     unpack_state,
     sample_random_matrix,
 )
@@ -67,58 +62,17 @@ def make_inputs(gen, T, Fd, K, gate, init, features="abs"):
 
 
 def run_recurrent(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, inplace=False):
-    """Step recurrent_causal_rfa_step token by token; same return contract as the other two.
-    With ``inplace``, the packed step the decoder uses, updating its own copy of the state."""
-    if inplace:
-        return run_recurrent_packed(q, k, v, log_g, initial_state, eps, inplace=True)
-    state = initial_state
-    outs = []
-    for t in range(q.shape[2]):
-        o, state = recurrent_causal_rfa_step(
-            q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t], state, eps=eps,
-        )
-        outs.append(o)
-    return torch.stack(outs, dim=2), state
-
-
-def run_recurrent_packed(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, inplace=False):
-    """The decoder's path: the packed [S | z] state through recurrent_causal_rfa_step_packed."""
+    """The decoder's path: recurrent_causal_rfa_step token by token on the packed [S | z] state
+    (updated in place with ``inplace``, as the decoder does without autograd)."""
     state = None if initial_state is None else pack_state(*initial_state)
     outs = []
     for t in range(q.shape[2]):
-        o, state = recurrent_causal_rfa_step_packed(
+        o, state = recurrent_causal_rfa_step(
             q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t],
             state, eps=eps, inplace=inplace,
         )
         outs.append(o)
     return torch.stack(outs, dim=2), unpack_state(state)
-
-
-def run_keys(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, inplace=False):
-    """The decoder's path from an empty state: the attention form (causal_keys_step) while it is
-    the smaller, folded into the summary (keys_to_summary), then the packed step."""
-    if initial_state is not None:
-        raise ValueError("the attention form starts from an empty state")
-    gated, capacity = log_g is not None, keys_capacity(q.shape[-1], v.shape[-1], log_g is not None)
-    assert capacity > 0
-    buf, state, outs = None, None, []
-    for t in range(q.shape[2]):
-        args = (q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t])
-        if t < capacity:
-            o, buf = causal_keys_step(*args, buf, t, eps=eps, inplace=inplace)
-        else:
-            if state is None:
-                state = keys_to_summary(buf, t, gated)
-            o, state = recurrent_causal_rfa_step_packed(*args, state, eps=eps, inplace=inplace)
-        outs.append(o)
-    if state is None:
-        state = keys_to_summary(buf, q.shape[2], gated) if buf is not None else q.new_zeros(
-            *q.shape[:2], q.shape[-1], v.shape[-1] + 1, dtype=buf_dtype(q))
-    return torch.stack(outs, dim=2), unpack_state(state)
-
-
-def buf_dtype(x):
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def run_chunk(chunk_size):
@@ -208,17 +162,6 @@ def test_recurrent_steps_match_naive(gen, T, Fd, K, gate, chunk, features, init,
     assert_same_run(got, ref, rtol, rtol, floor)
 
 
-@pytest.mark.parametrize("dtype,rtol,floor", PRECISIONS)
-@pytest.mark.parametrize("T,Fd,K,gate,chunk,features", CASES)
-def test_keys_form_then_summary_matches_naive(gen, T, Fd, K, gate, chunk, features, dtype, rtol, floor):
-    """The attention form for the first keys_capacity tokens (5 or 21 here), then the summary:
-    outputs, final state and gradients equal the naive loop's."""
-    inputs = cast_inputs(dtype, *make_inputs(gen, T, Fd, K, gate, False, features))
-    ref = forward_and_grads(run_naive, *inputs)
-    got = forward_and_grads(run_keys, *inputs)
-    assert_same_run(got, ref, rtol, rtol, floor)
-
-
 @pytest.mark.parametrize("chunk", [pytest.param(c, id=f"C{c}") for c in (1, 5, 16, 64, 100)])
 def test_chunk_is_a_resumable_scan(gen, chunk):
     """Two chunk calls chained through the returned state equal one call over the whole sequence."""
@@ -259,13 +202,9 @@ def pad_mask(pattern, T, gen):
         pytest.param(run_chunk(7), id="chunk-C7"),
         pytest.param(run_chunk(64), id="chunk-C64>T"),
         pytest.param(run_recurrent, id="recurrent"),
-        pytest.param(run_recurrent_packed, id="recurrent-packed"),
-        pytest.param(run_keys, id="keys-then-summary"),
     ],
 )
 def test_padding_leaves_state_unchanged(gen, impl, pattern, gate, init):
-    if impl is run_keys and init:
-        pytest.skip("the attention form starts from an empty state")
     T, Fd, K = 23, 60, 5
     q, k, v, log_g, state = make_inputs(gen, T, Fd, K, gate, init)
     mask = pad_mask(pattern, T, gen)
@@ -303,10 +242,10 @@ def test_recurrent_inplace_equals_out_of_place(gen, gate, init):
         for t in range(T):
             args = (q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t])
             before = st_ref.clone()
-            o_ref, new_ref = recurrent_causal_rfa_step_packed(*args, st_ref, inplace=False)
+            o_ref, new_ref = recurrent_causal_rfa_step(*args, st_ref, inplace=False)
             # the out-of-place step must not touch its input state
             assert torch.equal(st_ref, before)
-            o_ip, new_ip = recurrent_causal_rfa_step_packed(*args, st_ip, inplace=True)
+            o_ip, new_ip = recurrent_causal_rfa_step(*args, st_ip, inplace=True)
             assert new_ip is st_ip
             torch.testing.assert_close(o_ip, o_ref, rtol=1e-6, atol=1e-6)
             torch.testing.assert_close(new_ip, new_ref, rtol=1e-6, atol=1e-6)
@@ -316,79 +255,6 @@ def test_recurrent_inplace_equals_out_of_place(gen, gate, init):
     assert_close(S_ip, S, name="S")
     assert_close(z_ip, z, name="z")
     assert_close(o_ip, out[:, :, -1], name="last out")
-
-
-# ------------------------------------------------------- the attention form of the first steps
-
-
-@pytest.mark.parametrize("gate", [pytest.param(False, id="plain"), pytest.param(True, id="gate")])
-def test_keys_step_inplace_equals_out_of_place_and_leaves_its_input(gen, gate):
-    T, Fd, K = 9, 60, 33
-    q, k, v, log_g, _ = make_inputs(gen, T, Fd, K, gate, False)
-    with torch.no_grad():
-        buf_ref = buf_ip = None
-        for t in range(T):
-            args = (q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t])
-            # (rows past the t in use are unused memory, maybe NaN garbage: compared as bits)
-            before = None if buf_ref is None else buf_ref.clone()
-            o_ref, new_ref = causal_keys_step(*args, buf_ref, t, inplace=False)
-            if before is not None:
-                assert torch.equal(buf_ref.view(torch.int32), before.view(torch.int32)), \
-                    "the out-of-place step wrote into its input"
-            o_ip, new_ip = causal_keys_step(*args, buf_ip, t, inplace=True)
-            if buf_ip is not None:
-                assert new_ip is buf_ip
-            assert new_ip.shape == (B, H, Fd, K + 1), "the keys live in a buffer of the summary's shape"
-            torch.testing.assert_close(o_ip, o_ref, rtol=0, atol=0)
-            buf_ref, buf_ip = new_ref, new_ip
-    torch.testing.assert_close(keys_to_summary(buf_ip, T, gate), keys_to_summary(buf_ref, T, gate), rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("gate", [pytest.param(False, id="plain"), pytest.param(True, id="gate")])
-def test_gather_keys_reorders_the_keys_in_use(gen, gate):
-    """A reorder of the attention form equals decoding the reordered rows from the start, into a
-    spare buffer or a new one, for the same batch or a smaller one."""
-    T, Fd, K = 6, 60, 33
-    q, k, v, log_g, _ = make_inputs(gen, T + 1, Fd, K, gate, False)
-    step = lambda t, rows, buf, n: causal_keys_step(  # noqa: E731
-        q[rows, :, t], k[rows, :, t], v[rows, :, t], None if log_g is None else log_g[rows, :, t], buf, n,
-        inplace=True)
-    with torch.no_grad():
-        buf = None
-        for t in range(T):
-            _, buf = step(t, slice(None), buf, t)
-        for order in (torch.tensor([1, 1]), torch.tensor([1, 0]), torch.tensor([1])):
-            spare = torch.full((order.numel(), H, Fd, K + 1), float("nan"))
-            into = gather_keys(buf, T, order, gate, out=spare)
-            fresh = gather_keys(buf, T, order, gate)
-            assert into is spare and fresh.data_ptr() != buf.data_ptr()
-            ref = None
-            for t in range(T):
-                _, ref = step(t, order, ref, t)
-            expected, _ = step(T, order, ref, T)
-            for got in (into, fresh):
-                out, _ = step(T, order, got, T)
-                torch.testing.assert_close(out, expected, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("Fd,K", [(512, 64), (128, 8), (60, 5), (3, 1)])
-@pytest.mark.parametrize("gate", [False, True])
-def test_keys_capacity_is_where_the_attention_form_stops_being_smaller(Fd, K, gate):
-    n, width = keys_capacity(Fd, K, gate), Fd + K + 1 + int(gate)
-    assert n * width <= Fd * (K + 1) < (n + 1) * width
-    assert keys_capacity(128, 64, False) == 43  # self-attention by default: 64 sin/cos features, 64 per head
-
-
-def test_keys_step_rejects_what_does_not_fit(gen):
-    q, k, v, _, _ = make_inputs(gen, 1, 60, 5, False, False)
-    args = (q[:, :, 0], k[:, :, 0], v[:, :, 0], None)
-    with pytest.raises(ValueError, match="no key buffer"):
-        causal_keys_step(*args, None, 3)
-    _, buf = causal_keys_step(*args, None, 0)
-    with pytest.raises(ValueError, match="at most 5 keys"):
-        causal_keys_step(*args, buf, keys_capacity(60, 5, False))
-    with pytest.raises(ValueError, match="does not match"):
-        causal_keys_step(*args, buf.double(), 1)
 
 
 def test_pack_and_unpack_state_round_trip(gen):
@@ -427,8 +293,6 @@ IMPLS = [
     pytest.param(run_naive, id="naive"),
     pytest.param(run_chunk(16), id="chunk-C16"),
     pytest.param(run_recurrent, id="recurrent"),
-    pytest.param(run_recurrent_packed, id="recurrent-packed"),
-    pytest.param(run_keys, id="keys-then-summary"),
 ]
 DTYPES = [
     pytest.param(torch.float32, id="fp32"),
@@ -512,7 +376,7 @@ def test_denominator_guard_gradients_are_finite(gen, impl, dtype):
 def test_output_dtype_follows_v_and_low_precision_matches_naive(gen, impl, dtype):
     """Inputs of any float dtype: output in v's dtype, the state in the compute dtype (fp64 for
     fp64 inputs, fp32 otherwise), equal to naive up to the output dtype's rounding."""
-    q, k, v, log_g, state = make_inputs(gen, 21, 60, 5, True, impl is not run_keys)  # keys: from empty
+    q, k, v, log_g, state = make_inputs(gen, 21, 60, 5, True, True)
     q, k, v, log_g = (x.to(dtype) for x in (q, k, v, log_g))
     out, (S, z) = impl(q, k, v, log_g, state)
     ref, (S_ref, z_ref) = run_naive(q, k, v, log_g, state)

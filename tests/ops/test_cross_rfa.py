@@ -9,11 +9,8 @@ import torch
 
 from rfa_fairseq.ops import (
     cross_rfa_apply,
-    cross_rfa_apply_keys,
-    cross_rfa_keys,
     cross_rfa_state,
     cross_rfa_weights,
-    keys_form_is_smaller,
     naive_cross_rfa,
 )
 from rfa_fairseq.ops.denominator import DEFAULT_EPS
@@ -86,48 +83,6 @@ def test_state_path_matches_naive(gen, B, Tq, S, Fd, K, pattern, dtype, rtol, fl
         assert torch.where(pad4, g_out[1], 0).abs().max() == 0
         assert torch.where(pad4, g_out[2], 0).abs().max() == 0
         assert g_out[1].abs().max() > 0
-
-
-@pytest.mark.parametrize("dtype,rtol,floor", PRECISIONS)
-@pytest.mark.parametrize("pattern", MASKS)
-@pytest.mark.parametrize("beam", [1, 3])
-@pytest.mark.parametrize("B,Tq,S,Fd,K", SHAPES)
-def test_keys_form_matches_naive(gen, B, Tq, S, Fd, K, beam, pattern, dtype, rtol, floor):
-    """The attention form (phi(K)^T and [V | 1], what a decoder keeps for short sources) gives
-    the naive result, with beams grouped onto their source and garbage at padded positions
-    ignored; gradients too."""
-    if S == 1 and pattern != "none":
-        pattern = "none"
-    q = positive_features(gen, B * beam, H, Tq, Fd).to(dtype).requires_grad_(True)
-    k = positive_features(gen, B, H, S, Fd).to(dtype).requires_grad_(True)
-    v = torch.randn(B, H, S, K, generator=gen).to(dtype).requires_grad_(True)
-    mask = make_mask(pattern, B, S, gen)
-    k_in, v_in = k, v
-    if mask is not None:
-        pad4 = mask[:, None, :, None]
-        k_in = torch.where(pad4, 1e3, k)
-        v_in = torch.where(pad4, -1e3, v)
-    kT, v1 = cross_rfa_keys(k_in, v_in, mask)
-    assert kT.shape == (B, H, Fd, S) and v1.shape == (B, H, S, K + 1) and kT.dtype == v1.dtype == dtype
-    out = cross_rfa_apply_keys(q, (kT, v1))
-    rk = lambda x: None if x is None else x.repeat_interleave(beam, dim=0)  # noqa: E731
-    ref = naive_cross_rfa(q, rk(k), rk(v), rk(mask))
-    assert out.dtype == dtype
-    assert_close(out, ref, rtol, "out")
-    assert_close(out, cross_rfa_apply(q, cross_rfa_state(k, v, mask)), rtol, "vs summary")
-    cot = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(dtype)
-    g_out = torch.autograd.grad((out * cot).sum(), (q, k, v))
-    g_ref = torch.autograd.grad((ref * cot).sum(), (q, k, v))
-    for name, a, b in zip("qkv", g_out, g_ref):
-        assert_close(a, b, rtol, f"grad {name}", floor)
-
-
-def test_keys_form_is_chosen_only_when_smaller():
-    # F (K + 1) / (F + K + 1): 256 * 65 / 321 = 51.8 for the translation models' cross attention
-    assert keys_form_is_smaller(51, 256, 64) and not keys_form_is_smaller(52, 256, 64)
-    for S in (1, 10, 100, 1000):
-        kT_numbers, summary_numbers = S * (256 + 65), 256 * 65
-        assert keys_form_is_smaller(S, 256, 64) == (kT_numbers < summary_numbers)
 
 
 @pytest.mark.parametrize("pattern", ["right", "left", "random"])

@@ -18,8 +18,6 @@ from rfa_fairseq.ops import (
     feature_map,
     feature_size,
     l2_normalize,
-    prepared_feature_map,
-    projection_matrix,
     sample_random_matrix,
 )
 from rfa_fairseq.ops.feature_maps import sample_orthogonal_matrix
@@ -96,28 +94,55 @@ def test_random_matrix_draws_follow_the_generator(kind):
     assert not torch.allclose(a, c)
 
 
+def naive_features(kernel, x, sigma, W):
+    """phi by the formula, one row at a time: w_i = sigma * omega_i on the unit input."""
+    B, H, T, K = x.shape
+    D = W.shape[1]
+    out = []
+    for b in range(B):
+        for h in range(H):
+            for t in range(T):
+                u = x[b, h, t] / (x[b, h, t].norm() + 1e-6)
+                proj = torch.stack([torch.dot(sigma[h] * W[h, i], u) for i in range(D)])
+                phi = torch.cat([proj.sin(), proj.cos()]) if kernel == "gaussian" else proj.relu()
+                out.append(phi / math.sqrt(D))
+    return torch.stack(out).view(B, H, T, -1)
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("rows", [(8, 1), (2, 3), (3, 50)], ids=["step", "few", "many"])
-def test_prepared_feature_map_equals_the_reference(kernel, rows):
-    """The decoding fast path (sigma folded into a transposed matrix, one bmm) computes the same
-    features as feature_map, in fp64 to rounding and in fp32 closely, for any input strides."""
+def test_feature_map_equals_the_formula_row_by_row(kernel, rows):
+    """The batched map (sigma on the inputs, one bmm over heads) computes the formula's features,
+    in fp64 to rounding and in fp32 closely, for the strides of fairseq's Time x Batch layout."""
     B, T = rows
     H, K, D = 3, 8, 20
     g = seeded(3)
     W = torch.randn(H, D, K, generator=g, dtype=torch.float64)
     sigma = 0.5 + torch.rand(H, K, generator=g, dtype=torch.float64)
     x = torch.randn(T, B, H * K, generator=g, dtype=torch.float64).view(T, B, H, K).permute(1, 2, 0, 3)
-    matrix = projection_matrix(sigma, W)
-    assert matrix.shape == (H, K, D) and matrix.is_contiguous()
-    ref = feature_map(kernel, x, sigma, W)
-    out = prepared_feature_map(kernel, x, matrix)
-    assert out.shape == ref.shape == (B, H, T, feature_size(kernel, D))
+    ref = naive_features(kernel, x, sigma, W)
+    out = feature_map(kernel, x, sigma, W)
+    assert out.shape == ref.shape == (B, H, T, feature_size(kernel, D)) and out.dtype == torch.float64
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    out32 = prepared_feature_map(kernel, x.float(), projection_matrix(sigma.float(), W.float()))
+    out32 = feature_map(kernel, x.float(), sigma.float(), W.float())
     assert out32.dtype == torch.float32
     torch.testing.assert_close(out32, ref.float(), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="laplace"):
-        prepared_feature_map("laplace", x, matrix)
+        feature_map("laplace", x, sigma, W)
+
+
+def test_feature_map_gradients_equal_the_formulas():
+    g = seeded(4)
+    H, K, D = 2, 5, 7
+    W = torch.randn(H, D, K, generator=g, dtype=torch.float64)
+    for kernel in KERNELS:
+        sigma = (0.5 + torch.rand(H, K, generator=g, dtype=torch.float64)).requires_grad_(True)
+        x = torch.randn(2, H, 3, K, generator=g, dtype=torch.float64).requires_grad_(True)
+        cot = torch.randn(2, H, 3, feature_size(kernel, D), generator=g, dtype=torch.float64)
+        got = torch.autograd.grad((feature_map(kernel, x, sigma, W) * cot).sum(), (x, sigma))
+        ref = torch.autograd.grad((naive_features(kernel, x, sigma, W) * cot).sum(), (x, sigma))
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 # ------------------------------------------------------------- (b) orthogonal matrices
@@ -185,7 +210,8 @@ def test_arccos_map_estimates_order1_arccos_kernel(kind, scale):
     exact = scale**2 * nx * ny * (torch.sin(t) + (math.pi - t) * torch.cos(t)) / (2 * math.pi)
     sigma = torch.full((H, K), scale)
     W = sample_random_matrix(kind, H, D, K, g)
-    est = (feature_map("arccos", x, sigma, W) * feature_map("arccos", y, sigma, W)).sum(-1)
+    # feature_map maps the unit vector x / |x|; the order-1 kernel is homogeneous in |x| and |y|
+    est = (feature_map("arccos", x, sigma, W) * feature_map("arccos", y, sigma, W)).sum(-1) * nx * ny
     err = (est - exact).abs() / (scale**2 * nx * ny)
     assert err.mean() < 0.01 and err.max() < 0.05, (err.mean(), err.max())
     assert est[:, :, 16:32].abs().max() < 1e-6  # opposite vectors: never both positive

@@ -28,7 +28,6 @@ from rfa_fairseq.ops import (
     naive_cross_rfa,
     pack_state,
     recurrent_causal_rfa_step,
-    recurrent_causal_rfa_step_packed,
     unpack_state,
     sample_random_matrix,
 )
@@ -200,20 +199,14 @@ def test_chunk_equals_naive(case):
 def test_recurrent_steps_equal_naive(case, inplace):
     q, k, v, log_g, state = make_causal(case)
     ref, (S_ref, z_ref) = naive_causal_rfa(q, k, v, log_g, initial_state=state, output_final_state=True)
-    # In place, the step writes into the state it is given: hand it a copy. Out of place, hand it
-    # the caller's own tensors, which must come back untouched.
-    # In place: the decoder's packed state (a copy of the caller's).
-    st_ = (None if state is None else pack_state(*state)) if inplace else state
+    # The decoder's packed state, a copy of the caller's (in place, the step writes into it).
+    st_ = None if state is None else pack_state(*state)
     outs = []
     for t in range(case["T"]):
         args = (q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t], st_)
-        if inplace:
-            o, st_ = recurrent_causal_rfa_step_packed(*args, inplace=True)
-        else:
-            o, st_ = recurrent_causal_rfa_step(*args)
+        o, st_ = recurrent_causal_rfa_step(*args, inplace=inplace)
         outs.append(o)
-    if inplace:
-        st_ = unpack_state(st_)
+    st_ = unpack_state(st_)
     assert_close(torch.stack(outs, dim=2), ref, "out")
     assert_close(st_[0], S_ref, "S")
     assert_close(st_[1], z_ref, "z")
@@ -225,7 +218,7 @@ def test_recurrent_steps_equal_naive(case, inplace):
 
 
 def _pad_like_module(k, log_g, mask):
-    """What CausalRFAttention._project does at padded positions: k = 0 and log g = 0."""
+    """What CausalRFAttention does at padded positions: k = 0 and log g = 0."""
     pad = mask[:, None, :]
     k = k.masked_fill(pad.unsqueeze(-1), 0.0)
     if log_g is not None:
@@ -300,8 +293,8 @@ def test_arbitrary_sign_features_stay_finite(case, dtype, kind, q_scale, v_scale
     st_ = None if state is None else pack_state(*state)
     steps = []
     for t in range(T):
-        o, st_ = recurrent_causal_rfa_step_packed(q[:, :, t], k[:, :, t], v[:, :, t],
-                                                  None if log_g is None else log_g[:, :, t], st_, inplace=True)
+        o, st_ = recurrent_causal_rfa_step(q[:, :, t], k[:, :, t], v[:, :, t],
+                                           None if log_g is None else log_g[:, :, t], st_, inplace=True)
         steps.append(o)
     st_ = unpack_state(st_)
     out_r = torch.stack(steps, dim=2)

@@ -1,6 +1,6 @@
 """One step of causal RFA for incremental decoding: O(F K) per head, whatever the length.
 
-The decoder keeps the state packed, ``Sz = [S | z]`` of shape ``[B, H, F, K + 1]`` (``z`` is the
+The recurrent state is kept packed, ``Sz = [S | z]`` of shape ``[B, H, F, K + 1]`` (``z`` is the
 last column): with a column of ones appended to ``v`` one outer product updates both, one
 matmul reads out numerator and denominator, and beam search reorders one tensor.
 """
@@ -23,7 +23,7 @@ def unpack_state(Sz: Tensor) -> Tuple[Tensor, Tensor]:
     return Sz[..., :-1], Sz[..., -1]
 
 
-def recurrent_causal_rfa_step_packed(
+def recurrent_causal_rfa_step(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -34,8 +34,11 @@ def recurrent_causal_rfa_step_packed(
 ) -> Tuple[Tensor, Tensor]:
     """Advance the packed state by one token and read it out.
 
+        Sz_t = g_t Sz_{t-1} + phi(k_t) [(1 - g_t) v_t | (1 - g_t)]      (g_t = 1 without a gate)
+        out_t = phi(q_t) S_t / max(phi(q_t) . z_t, eps)
+
     Args:
-        q, k: ``[B, H, F]``; v: ``[B, H, K]``; log_g: ``[B, H]`` or None.
+        q, k: feature-mapped ``[B, H, F]``; v: ``[B, H, K]``; log_g: ``[B, H]`` or None.
         state: ``Sz [B, H, F, K + 1]`` in fp32 (fp64 for fp64 inputs), or None at the first token.
         inplace: update ``state`` in place (only when no gradient is needed and the caller
             owns the tensor); the same tensor is then returned.
@@ -66,18 +69,3 @@ def recurrent_causal_rfa_step_packed(
         Sz = torch.addcmul(Sz, kf.unsqueeze(-1), v1.unsqueeze(-2))
     o = torch.matmul(qf.unsqueeze(-2), Sz).squeeze(-2)  # [B, H, K + 1]: numerator | denominator
     return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype), Sz
-
-
-def recurrent_causal_rfa_step(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    log_g: Optional[Tensor],
-    state: Optional[Tuple[Tensor, Tensor]],
-    eps: float = DEFAULT_EPS,
-) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
-    """:func:`recurrent_causal_rfa_step_packed` with the ``(S [B, H, F, K], z [B, H, F])`` state of
-    the naive and chunked forms (returned as views of the new packed state)."""
-    packed = None if state is None else pack_state(state[0].to(compute_dtype(q)), state[1])
-    out, Sz = recurrent_causal_rfa_step_packed(q, k, v, log_g, packed, eps=eps)
-    return out, unpack_state(Sz)

@@ -1,12 +1,4 @@
 from .naive import naive_cross_rfa
-from .state import (
-    cross_rfa_apply,
-    cross_rfa_apply_keys,
-    cross_rfa_keys,
-    cross_rfa_state,
-    cross_rfa_weights,
-    keys_form_is_smaller,
-)
+from .state import cross_rfa_apply, cross_rfa_state, cross_rfa_weights
 
-__all__ = ["naive_cross_rfa", "cross_rfa_apply", "cross_rfa_apply_keys", "cross_rfa_keys", "cross_rfa_state",
-           "cross_rfa_weights", "keys_form_is_smaller"]
+__all__ = ["naive_cross_rfa", "cross_rfa_apply", "cross_rfa_state", "cross_rfa_weights"]

@@ -1,10 +1,8 @@
 """Cross RFA through its state: (S, z) summarise the source once; each query costs O(F K).
 
 ``S = sum_j phi(k_j) v_j^T`` ``[B, H, F, K]`` and ``z = sum_j phi(k_j)`` ``[B, H, F]`` over the
-non-padding source positions, kept packed as ``[S | z]`` by the decoder (one matmul per query).
-For short sources the decoder keeps the attention form instead, ``phi(K)^T`` and ``[V | 1]``
-(:func:`cross_rfa_keys`): the same result, fewer numbers to read per step. A state computed for
-``Bs`` sources can serve ``Bs * beam`` query rows laid out sentence-major (rows
+non-padding source positions, kept packed as ``[S | z]`` (one matmul per query). A state computed
+for ``Bs`` sources can serve ``Bs * beam`` query rows laid out sentence-major (rows
 ``i * beam ... (i + 1) * beam - 1`` share source ``i``), as in fairseq's beam search: the queries
 are grouped, and the state is never copied per beam.
 """
@@ -20,22 +18,16 @@ from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
 State = Union[Tensor, Tuple[Tensor, Tensor]]
 
 
-def _keys_and_values(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """phi(k) with padding positions zeroed, and ``[v | 1]``, in the accumulation dtype."""
-    acc = compute_dtype(k)
-    kf = k.to(acc)
-    if key_padding_mask is not None:
-        kf = kf.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), 0.0)
-    return kf, F.pad(v.to(acc), (0, 1), value=1.0)
-
-
 def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, packed: bool = False) -> State:
     """k: ``[B, H, S, F]``, v: ``[B, H, S, K]``, key_padding_mask ``[B, S]`` (True = pad).
 
     Returns ``(S [B, H, F, K], z [B, H, F])`` in fp32, or with ``packed`` the one tensor
     ``[S | z]`` of shape ``[B, H, F, K + 1]`` that :func:`cross_rfa_apply` reads in one matmul."""
-    kf, v1 = _keys_and_values(k, v, key_padding_mask)
-    Sz = kf.transpose(-1, -2) @ v1
+    acc = compute_dtype(k)
+    kf = k.to(acc)
+    if key_padding_mask is not None:
+        kf = kf.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), 0.0)
+    Sz = kf.transpose(-1, -2) @ F.pad(v.to(acc), (0, 1), value=1.0)
     return Sz if packed else unpack_state(Sz)
 
 
@@ -46,50 +38,20 @@ def _group(q: Tensor, num_sources: int) -> Tensor:
     return q.reshape(num_sources, B // num_sources, *q.shape[1:])
 
 
-def _grouped_readout(q: Tensor, num_sources: int, readout, eps: float, out_dtype) -> Tensor:
-    """``readout`` maps grouped queries ``[Bs, H, beam * Tq, F]`` to numerator | denominator
-    ``[Bs, H, beam * Tq, K + 1]``; returns their guarded ratio as ``[B, H, Tq, K]``."""
-    B, H, Tq, Fd = q.shape
-    # [B, H, Tq, F] -> [Bs, H, beam * Tq, F]: the rows of one source's beams as one matmul.
-    qg = _group(q, num_sources).transpose(1, 2).reshape(num_sources, H, -1, Fd)
-    o = readout(qg)
-    K = o.shape[-1] - 1
-    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype)  # [Bs, H, beam * Tq, K]
-    return out.reshape(num_sources, H, B // num_sources, Tq, K).transpose(1, 2).reshape(B, H, Tq, K)
-
-
 def cross_rfa_apply(q: Tensor, state: State, eps: float = DEFAULT_EPS, out_dtype=None) -> Tensor:
     """q: ``[B, H, Tq, F]``; state from :func:`cross_rfa_state` (packed or not) for ``B`` or
     ``B / beam`` sources.
 
     Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
     Sz = state if isinstance(state, Tensor) else pack_state(*state)
-    return _grouped_readout(q.to(Sz.dtype), Sz.shape[0], lambda qg: torch.matmul(qg, Sz), eps, out_dtype or q.dtype)
-
-
-def keys_form_is_smaller(source_len: int, num_features: int, head_dim: int) -> bool:
-    """Whether :func:`cross_rfa_keys` holds fewer numbers than the summary, per head:
-    ``S (F + K + 1) < F (K + 1)``, i.e. sources shorter than ``F (K + 1) / (F + K + 1)`` tokens
-    (52 for F = 256, K = 64). A decoding step reads every one of them."""
-    return source_len * (num_features + head_dim + 1) < num_features * (head_dim + 1)
-
-
-def cross_rfa_keys(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """The same attention kept as its keys and values (the attention form): ``phi(k)^T``
-    ``[B, H, F, S]`` (padding positions zeroed) and ``[v | 1]`` ``[B, H, S, K + 1]``, in fp32.
-
-    ``(phi(q) phi(K)^T) [V | 1] = phi(q) (phi(K)^T [V | 1]) = phi(q) [S | z]``: the same numbers
-    as the summary up to rounding, in fewer bytes for short sources (:func:`keys_form_is_smaller`)."""
-    kf, v1 = _keys_and_values(k, v, key_padding_mask)
-    return kf.transpose(-1, -2).contiguous(), v1
-
-
-def cross_rfa_apply_keys(q: Tensor, keys: Tuple[Tensor, Tensor], eps: float = DEFAULT_EPS, out_dtype=None) -> Tensor:
-    """:func:`cross_rfa_apply` on the attention form from :func:`cross_rfa_keys` (for ``B`` or
-    ``B / beam`` sources): two matmuls through the ``S`` source positions."""
-    kT, v1 = keys
-    return _grouped_readout(q.to(kT.dtype), kT.shape[0], lambda qg: torch.matmul(torch.matmul(qg, kT), v1), eps,
-                            out_dtype or q.dtype)
+    Bs = Sz.shape[0]
+    B, H, Tq, Fd = q.shape
+    # [B, H, Tq, F] -> [Bs, H, beam * Tq, F]: the rows of one source's beams as one matmul.
+    qg = _group(q.to(Sz.dtype), Bs).transpose(1, 2).reshape(Bs, H, -1, Fd)
+    o = torch.matmul(qg, Sz)  # numerator | denominator
+    K = o.shape[-1] - 1
+    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype)  # [Bs, H, beam * Tq, K]
+    return out.reshape(Bs, H, B // Bs, Tq, K).transpose(1, 2).reshape(B, H, Tq, K)
 
 
 def cross_rfa_weights(

@@ -1,0 +1,52 @@
+"""What causal and cross RFA attention share: projections, their initialisation, fairseq's
+incremental-state accessors."""
+from typing import Dict, Optional
+
+from fairseq.incremental_decoding_utils import with_incremental_state
+from torch import Tensor, nn
+
+from ..ops.denominator import DEFAULT_EPS
+from .random_feature_map import RandomFeatureMap
+
+IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
+
+
+def init_projection(linear: nn.Linear, gain: float = 1.0):
+    nn.init.xavier_uniform_(linear.weight, gain=gain)
+    if linear.bias is not None:
+        nn.init.zeros_(linear.bias)
+
+
+@with_incremental_state
+class RFAttentionBase(nn.Module):
+    """Query, key, value and output projections around a :class:`RandomFeatureMap`, initialised
+    as fairseq's MultiheadAttention (Xavier with gain 2^-1/2 for q, k, v; biases zero).
+
+    Subclasses set ``STATE_KEY``, the name of their entry in fairseq's incremental state."""
+
+    STATE_KEY = "rfa_state"
+
+    def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, kdim: Optional[int] = None,
+                 bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        kdim = kdim or embed_dim
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.eps, self.recompute = eps, recompute
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(kdim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(kdim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.feature_map = feature_map
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            init_projection(proj, gain=2**-0.5)
+        init_projection(self.out_proj)
+
+    # fairseq's decoder layer and generator use these names on MultiheadAttention.
+    def _get_input_buffer(self, incremental_state: Optional[IncrementalState]) -> Dict[str, Optional[Tensor]]:
+        return self.get_incremental_state(incremental_state, self.STATE_KEY) or {}
+
+    def _set_input_buffer(self, incremental_state: IncrementalState, buffer: Dict[str, Optional[Tensor]]):
+        return self.set_incremental_state(incremental_state, self.STATE_KEY, buffer)
