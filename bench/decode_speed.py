@@ -9,9 +9,6 @@ fairseq's SequenceGenerator with the output length forced (min_len = max_len), r
   shared embeddings), a batch of ``--batch`` source sentences of ``--src-len`` tokens, beam 4.
 - ``--task lm``: ``transformer_lm`` vs ``rfa_transformer_lm`` (same 6 x 512 decoder, 32k
   vocabulary, shared input/output embedding), continuing a ``--prefix-len`` token prompt.
-- ``rfa_torch``, ``rfa_gate_torch`` (not run by default): RFA and RFA-Gate decoding with the
-  PyTorch ops instead of the fused CPU kernel (``--rfa-decode-kernel torch``), to measure the
-  kernel side by side.
 
 Per model and length: generated tokens/s (sentences x length / seconds, the median over
 ``--repeats``, the models taking turns run by run; one warm-up run per model), the ratio to
@@ -53,15 +50,11 @@ MODELS = {
         "softmax": ["--arch", "transformer_wmt_en_de"],
         "rfa": ["--arch", "rfa_transformer_wmt_en_de"],
         "rfa_gate": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate"],
-        "rfa_torch": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-decode-kernel", "torch"],
-        "rfa_gate_torch": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate", "--rfa-decode-kernel", "torch"],
     },
     "lm": {
         "softmax": ["--arch", "transformer_lm"] + BASE_DIMS,
         "rfa": ["--arch", "rfa_transformer_lm"] + BASE_DIMS,
         "rfa_gate": ["--arch", "rfa_transformer_lm", "--rfa-gate"] + BASE_DIMS,
-        "rfa_torch": ["--arch", "rfa_transformer_lm", "--rfa-decode-kernel", "torch"] + BASE_DIMS,
-        "rfa_gate_torch": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-decode-kernel", "torch"] + BASE_DIMS,
     },
 }
 

@@ -16,8 +16,6 @@ STYLE = {
     "rfa_gate": dict(color="tab:orange", marker="^", label="RFA-Gate"),
     "rfa_recompute": dict(color="tab:blue", marker="s", linestyle=":", label="RFA, --rfa-recompute"),
     "rfa_gate_recompute": dict(color="tab:orange", marker="^", linestyle=":", label="RFA-Gate, --rfa-recompute"),
-    "rfa_torch": dict(color="tab:blue", marker="s", linestyle="--", label="RFA, PyTorch ops"),
-    "rfa_gate_torch": dict(color="tab:orange", marker="^", linestyle="--", label="RFA-Gate, PyTorch ops"),
 }
 
 

@@ -90,10 +90,8 @@ def profile(model, gen_fn, device):
             if attn is None:
                 continue
             timers.hook_module(attn, name)
-            # fairseq's decoder layer asks for the self-attention state before calling it; RFA's
-            # gathers a deferred beam reorder only when that state is read (the step itself does it,
-            # fused with the update when the CPU kernel runs), so whatever such a read costs is
-            # self-attention (softmax's own reorder reads it too: that time stays with the reorder)
+            # fairseq's decoder layer reads the self-attention state before calling it: that read
+            # is self-attention's time (a read inside the reorder stays with the reorder)
             timers.wrap(attn, "_get_input_buffer", name, unless=("state reorder",))
             for proj in PROJECTIONS:
                 if isinstance(getattr(attn, proj, None), torch.nn.Module):

@@ -9,8 +9,7 @@ import argparse
 import json
 
 NAMES = {"softmax": "softmax", "sdpa": "SDPA", "rfa": "RFA", "rfa_gate": "RFA-Gate",
-         "rfa_recompute": "RFA (--rfa-recompute)", "rfa_gate_recompute": "RFA-Gate (--rfa-recompute)",
-         "rfa_torch": "RFA (PyTorch ops)", "rfa_gate_torch": "RFA-Gate (PyTorch ops)"}
+         "rfa_recompute": "RFA (--rfa-recompute)", "rfa_gate_recompute": "RFA-Gate (--rfa-recompute)"}
 
 
 def load(path):

@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from bench import chunk_size, decode_speed, plot, profile_decode, report, train_speed
+from bench import chunk_size, decode_speed, plot, profile_decode, report, side_by_side, train_speed
+from rfa_test_utils import REPO
 
 TINY_DECODE = ["--tiny", "--vocab", "60", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
 
@@ -95,6 +96,21 @@ def test_train_bench_recompute_variants():
         model, _ = train_speed.build(variant, train_speed.TINY, 32)
         attn = [layer.self_attn for layer in model.decoder.layers]
         assert all(a.recompute == recompute and (a.gate_proj is not None) == gate for a in attn), variant
+
+
+def test_side_by_side_compares_two_trees_and_resumes(tmp_path):
+    """Both trees measured, each RFA row relative to its own run's softmax, and a second call with
+    the same output file measures nothing again."""
+    out = tmp_path / "sbs.json"
+    args = ["--baseline", REPO, "--threads", "1", "--plans", "lm", "--rounds", "1", "--tiny", "--out", str(out)]
+    rows = side_by_side.main(args)
+    assert {(r["tree"], r["model"]) for r in rows} == {(t, m) for t in ("baseline", "new")
+                                                        for m in ("softmax", "rfa", "rfa_gate")}
+    soft = [r for r in rows if r["model"] == "softmax" and r["length"] == 3]
+    assert all(r["vs_softmax"] == 1.0 == r["vs_floor"] for r in soft)
+    assert all(r["tokens_per_s"] > 0 and r["vs_softmax"] > 0 for r in rows)
+    mtime = out.stat().st_mtime_ns
+    assert side_by_side.main(args) == rows and out.stat().st_mtime_ns == mtime
 
 
 def _dict_dir(tmp_path):
