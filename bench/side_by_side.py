@@ -30,13 +30,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tokens, the floor of its run.
 LONG = ["--repeats", "1", "--max-seconds", "3600"]
 PLANS = {
-    "translation-short": ("translation", [32, 128, 512], ["--repeats", "3"]),
+    "translation-short": ("translation", [32, 128, 512], ["--repeats", "5"]),
     "translation-long": ("translation", [32, 2048], LONG),
     "lm": ("lm", [32, 2048], LONG),
 }
 
 
 def run_once(tree, task, lengths, extra, threads):
+    if threads == 1:
+        # one thread: the process's CPU time, fastest run, which other tenants of a shared
+        # machine slow down least (decode_speed.py --help)
+        extra = extra + ["--clock", "cpu", "--statistic", "min"]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
         cmd = [sys.executable, os.path.join(tree, "bench", "decode_speed.py"), "--task", task,

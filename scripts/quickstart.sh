@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Quickstart: train a small RFA-Gate German->English model for a few minutes on Multi30k
-# (shipped in data/multi30k), decode the test set with beam 4, print sacreBLEU and speed.
+# Quickstart: train a small RFA-Gate German->English model on Multi30k (shipped in
+# data/multi30k) for a fixed number of updates with a fixed seed, decode the test set with
+# beam 4, print sacreBLEU and speed. The same BLEU on every machine; only the time differs.
 #
-#   bash scripts/quickstart.sh                 # about 11 minutes on a 2-core CPU (8 of them training)
-#   RFA_QUICKSTART_MINUTES=20 bash scripts/quickstart.sh
+#   bash scripts/quickstart.sh                    # 330 updates
+#   RFA_QUICKSTART_UPDATES=1000 bash scripts/quickstart.sh
 #
 # Work files go to work/quickstart/ (RFA_WORK to change). Re-running reuses the prepared data.
 set -euo pipefail
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 bash scripts/setup_env.sh
 if [ "${RFA_USE_CURRENT_ENV:-0}" != "1" ]; then . "${RFA_VENV:-$ROOT/.venv}/bin/activate"; fi
-MINUTES=${RFA_QUICKSTART_MINUTES:-8}
+UPDATES=${RFA_QUICKSTART_UPDATES:-330}
 WORK=${RFA_WORK:-$ROOT/work/quickstart}
 mkdir -p "$WORK"
 export PYTHONWARNINGS=ignore
@@ -19,9 +20,9 @@ export PYTHONWARNINGS=ignore
 echo "== 1/4 sentencepiece (joint, 6000 pieces) and fairseq-preprocess"
 bash scripts/prepare_multi30k.sh "$WORK"
 
-echo "== 2/4 fairseq-train: rfa_transformer_iwslt_de_en --rfa-gate, small (2+2 layers, 256 dims), ${MINUTES} min"
+echo "== 2/4 fairseq-train: rfa_transformer_iwslt_de_en --rfa-gate, small (2+2 layers, 256 dims), ${UPDATES} updates"
 rm -rf "$WORK/checkpoints"
-fairseq-train "$WORK/bin" --user-dir rfa_fairseq \
+if ! fairseq-train "$WORK/bin" --user-dir rfa_fairseq \
   --arch rfa_transformer_iwslt_de_en --rfa-gate --share-all-embeddings \
   --encoder-layers 2 --decoder-layers 2 --encoder-embed-dim 256 --decoder-embed-dim 256 \
   --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 \
@@ -29,15 +30,13 @@ fairseq-train "$WORK/bin" --user-dir rfa_fairseq \
   --optimizer adam --adam-betas '(0.9, 0.98)' --clip-norm 1.0 \
   --lr 3e-3 --lr-scheduler inverse_sqrt --warmup-updates 150 \
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-  --max-tokens 4000 --seed 1 --stop-time-hours "$(python -c "print($MINUTES / 60)")" \
-  --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --log-format simple --log-interval 50 \
-  --cpu 2>&1 | grep -v "tensorboardX" | tee "$WORK/train.log" | grep -E "valid on|train_inner|done training" || true
-[ -f "$WORK/checkpoints/checkpoint_last.pt" ] || { echo "training wrote no checkpoint; see $WORK/train.log"; exit 1; }
+  --max-tokens 4000 --seed 1 --max-update "$UPDATES" \
+  --save-dir "$WORK/checkpoints" --no-epoch-checkpoints --log-format simple --log-interval 25 \
+  --cpu 2>&1 | python scripts/train_progress.py "$UPDATES" "$WORK/train.log"; then
+  echo "fairseq-train failed; see $WORK/train.log"; exit 1
+fi
 
 echo "== 3/4 fairseq-generate --beam 4 on the 1,000 test sentences"
-# Build the CPU decoding kernels first (once; cached by torch), so that their half-minute build
-# is not counted in the decoding speed below. Without a compiler decoding uses PyTorch ops.
-python -c "from rfa_fairseq import kernels; print('[kernels] CPU decoding kernels:', ('ready, ' + kernels.simd() + ' loops') if kernels.available() else 'not built (decoding with PyTorch ops)')"
 fairseq-generate "$WORK/bin" --user-dir rfa_fairseq --path "$WORK/checkpoints/checkpoint_last.pt" \
   --gen-subset test --beam 4 --batch-size 64 --max-len-a 1.2 --max-len-b 10 \
   --post-process sentencepiece --cpu \
