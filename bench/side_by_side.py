@@ -12,8 +12,9 @@ imported in its runs.
 
 Per tree, task, thread count, model and length: tokens/s (the median over rounds), the ratio to
 softmax at that length, the ratio to softmax at the shortest length measured (the floor: RFA's
-cost per token does not grow with the length, softmax's does), and the new tree's speed as a
-ratio to the baseline's.
+cost per token does not grow with the length, softmax's does), and the new tree against the
+baseline (``--markdown``: through their ratios to softmax, which cancel a machine that is faster
+or slower in one run than in the other).
 """
 import argparse
 import json
@@ -28,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (task, lengths, decode_speed.py arguments): translation with beam 4 over 2 sentences, LM
 # continuation of one prompt, greedy (decode_speed.py's defaults). Every plan starts at 32
 # tokens, the floor of its run.
-LONG = ["--repeats", "1", "--max-seconds", "3600"]
+LONG = ["--repeats", "1", "--max-seconds", "1e9"]  # never skip softmax at 2048
 PLANS = {
     "translation-short": ("translation", [32, 128, 512], ["--repeats", "5"]),
     "translation-long": ("translation", [32, 2048], LONG),
@@ -76,7 +77,12 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2, help="runs per tree, alternating")
     p.add_argument("--out", required=True)
     p.add_argument("--tiny", action="store_true", help="tiny models and lengths (for tests of this script)")
+    p.add_argument("--markdown", action="store_true", help="print the table of --out as markdown, measure nothing")
     args = p.parse_args(argv)
+    if args.markdown:
+        with open(args.out) as f:
+            print(markdown(json.load(f)["rows"]))
+        return None
     trees = {"baseline": os.path.abspath(args.baseline), "new": os.path.abspath(args.tree)}
     results = []
     if os.path.exists(args.out):  # resume: keep what an interrupted run measured
@@ -116,6 +122,30 @@ def print_table(rows, plan, threads):
         print(f"  {r['model']:8s} {r['length']:5d} | {b['tokens_per_s']:7.1f} {r['tokens_per_s']:7.1f} | "
               f"{b['vs_softmax']:.2f} {r['vs_softmax']:.2f} | {b['vs_floor']:.2f} {r['vs_floor']:.2f} | "
               f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}", flush=True)
+
+
+NAMES = {"rfa": "RFA", "rfa_gate": "RFA-Gate"}
+
+
+def markdown(rows):
+    """One row per task, model, length and thread count: the new tree's ratios first; the last
+    column compares the trees through their ratios to softmax, which cancel the machine's speed at
+    the time of each run."""
+    base = {(r["plan"], r["threads"], r["model"], r["length"]): r for r in rows if r["tree"] == "baseline"}
+    lines = ["| task | model | length | threads | new: x softmax | baseline: x softmax | "
+                          "new: x softmax at 32 | baseline: x softmax at 32 | new / baseline |",
+                          "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["task"] != "translation", r["model"], r["length"], r["threads"])):
+        key = (r["plan"], r["threads"], r["model"], r["length"])
+        if r["tree"] != "new" or r["model"] == "softmax" or key not in base:
+            continue
+        if r["length"] == 32 and r["plan"] == "translation-long":
+            continue  # 32 tokens is measured with 5 repeats in the short plan
+        b = base[key]
+        lines.append(f"| {r['task']} | {NAMES[r['model']]} | {r['length']} | {r['threads']} | {r['vs_softmax']:.2f} | "
+                     f"{b['vs_softmax']:.2f} | {r['vs_floor']:.2f} | {b['vs_floor']:.2f} | "
+                     f"{r['vs_softmax'] / b['vs_softmax']:.2f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 # training speed and memory, a decoding-step profile, then the JSON, the PNG figure and the
 # markdown tables under bench/results/ (or $BENCH_OUT).
 #
-#   bash scripts/bench.sh              # the full suite; about 1 hour on a 2-core CPU (55 min, 2026-11-22)
+#   bash scripts/bench.sh              # the full suite; about an hour on a 2-core CPU
 #   BENCH_QUICK=1 bash scripts/bench.sh   # short lengths only, a few minutes
 #
 # Run it on a quiet machine. BENCH_THREADS sets torch's CPU threads (default: torch's choice).

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from bench import chunk_size, decode_speed, plot, profile_decode, report, side_by_side, train_speed
+from bench import chunk_size, decode_speed, plot, profile_decode, report, side_by_side, state_passes, train_speed
 from rfa_test_utils import REPO
 
 TINY_DECODE = ["--tiny", "--vocab", "60", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
@@ -111,6 +111,16 @@ def test_side_by_side_compares_two_trees_and_resumes(tmp_path):
     assert all(r["tokens_per_s"] > 0 and r["vs_softmax"] > 0 for r in rows)
     mtime = out.stat().st_mtime_ns
     assert side_by_side.main(args) == rows and out.stat().st_mtime_ns == mtime
+    table = side_by_side.markdown(rows).splitlines()
+    assert len(table) == 2 + 4  # header, rule, RFA and RFA-Gate at two lengths
+    assert all(line.startswith("| lm | RFA") for line in table[2:])
+
+
+def test_state_passes_times_the_four_passes(capsys):
+    state_passes.main(["--rows", "2", "--heads", "2", "--features", "8", "--head-dim", "4", "--layers", "2",
+                       "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("gather", "decay", "update", "readout"))
 
 
 def _dict_dir(tmp_path):

@@ -96,7 +96,7 @@ def test_translation_decoding_on_the_device_matches_the_full_pass(translation_mo
         full, _ = model(src, lengths, prev)
         enc = model.encoder(src, src_lengths=lengths)
         state, steps = {}, []
-        for t in range(prev.size(1)):  # 60 steps: past the fold from the attention form into the summary
+        for t in range(prev.size(1)):
             logits, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
             steps.append(logits[:, -1])
         incr = torch.stack(steps, dim=1)
