@@ -117,7 +117,7 @@ def test_side_by_side_compares_two_trees_and_resumes(tmp_path):
 
 
 def test_state_passes_times_the_four_passes(capsys):
-    state_passes.main(["--rows", "2", "--heads", "2", "--features", "8", "--head-dim", "4", "--layers", "2",
+    state_passes.main(["--rows", "2", "--heads", "2", "--features", "8", "--head-dim", "4", "--flush-mib", "1",
                        "--repeats", "1"])
     out = capsys.readouterr().out
     assert all(name in out for name in ("gather", "decay", "update", "readout"))
