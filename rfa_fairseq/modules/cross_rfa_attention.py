@@ -122,7 +122,7 @@ class CrossRFAttention(RFAttentionBase):
             saved = self._source_state(key, value if value is not None else key, key_padding_mask, rows,
                                        keep_keys=need_weights)
             if incremental_state is not None:
-                self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
+                self._set_input_buffer(incremental_state, saved)
         q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
         out = self.out_proj(merge_heads(cross_rfa_apply(q, saved["Sz"], eps=self.eps, out_dtype=query.dtype)))
         weights = None
@@ -154,5 +154,5 @@ class CrossRFAttention(RFAttentionBase):
             name: (t if name == "rows_per_source" or t is None else t.index_select(0, index))
             for name, t in saved.items()
         }
-        self.set_incremental_state(incremental_state, self.STATE_KEY, saved)
+        self._set_input_buffer(incremental_state, saved)
         return incremental_state

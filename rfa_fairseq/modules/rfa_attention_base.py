@@ -24,8 +24,6 @@ class RFAttentionBase(nn.Module):
 
     Subclasses set ``STATE_KEY``, the name of their entry in fairseq's incremental state."""
 
-    STATE_KEY = "rfa_state"
-
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, kdim: Optional[int] = None,
                  bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False):
         super().__init__()

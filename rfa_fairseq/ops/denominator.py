@@ -2,10 +2,11 @@
 
 With sin/cos features phi(q) . z estimates a sum of positive kernel values, but the estimate
 can come out small or negative for a short history or few features. We clamp it from below at
-``eps`` (default 1e-2, ``--rfa-eps``) in fp32. The authors' code clamps too, at a higher floor in
-these units: their features are scaled by a constant (0.1 or 0.01) instead of D^-1/2. Since |phi(q)| = 1 for the Gaussian map and the sum over keys is bounded, the ratio is
-finite; when the result is cast to fp16/bf16 it is clamped to the dtype's finite range so that a
-large but finite fp32 value can never become inf. Gradients do not flow through a clamped
+``eps`` (default 1e-2, ``--rfa-eps``) in fp32. The authors' code clamps too, at a higher floor
+in these units: their features are scaled by a constant (0.1 or 0.01) instead of D^-1/2. Since
+|phi(q)| = 1 for the Gaussian map and the sum over keys is bounded, the ratio is finite; when
+the result is cast to fp16/bf16 it is clamped to the dtype's finite range so that a large but
+finite fp32 value can never become inf. Gradients do not flow through a clamped
 denominator (it is a constant there).
 """
 import torch
