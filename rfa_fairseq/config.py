@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
+from .modules.causal_rfa_attention import GATE_FORMS
 from .ops.causal_rfa import DEFAULT_CHUNK_SIZE
 
 
@@ -23,8 +24,10 @@ class RFAConfig(FairseqDataclass):
     )
     rfa_kernel: ChoiceEnum(list(KERNELS)) = field(
         default="gaussian",
-        metadata={"help": "kernel approximated by the random features: gaussian (sin/cos random Fourier "
-                          "features) or arccos (order-1 arc-cosine, ReLU features)"},
+        metadata={"help": "feature map phi: gaussian (sin/cos random Fourier features, the paper's RFA), "
+                          "arccos (order-1 arc-cosine, ReLU features), favor (Performer's positive "
+                          "features, exp kernel) or elu (elu(x) + 1, deterministic: no random features, "
+                          "phi has head-dim values and the feature-dim flags do not apply)"},
     )
     rfa_random_matrix: ChoiceEnum(list(RANDOM_MATRICES)) = field(
         default="orthogonal",
@@ -34,6 +37,16 @@ class RFAConfig(FairseqDataclass):
     rfa_gate: bool = field(
         default=False, metadata={"help": "RFA-Gate: a learned recency gate on causal attention"}
     )
+    rfa_gate_form: ChoiceEnum(list(GATE_FORMS)) = field(
+        default="convex",
+        metadata={"help": "with --rfa-gate: convex, the paper's S = g S + (1 - g) phi(k) v^T, or decay, "
+                          "S = g S + phi(k) v^T (the RFA slides, gated linear attention)"},
+    )
+    rfa_gate_bias: float = field(
+        default=0.0,
+        metadata={"help": "with --rfa-gate: initial bias of the gate projection; the gate starts near "
+                          "sigmoid(bias) (0: g about 0.5, a memory of about two tokens; 2: g about 0.88)"},
+    )
     rfa_init_sigma: float = field(
         default=1.0,
         metadata={"help": "initial value of the learned per-head, per-dimension scale sigma of the random "
@@ -41,7 +54,12 @@ class RFAConfig(FairseqDataclass):
     )
     rfa_eps: float = field(
         default=DEFAULT_EPS,
-        metadata={"help": "lower clamp of the RFA denominator phi(q).z (computed in fp32)"},
+        metadata={"help": "lower clamp of the RFA denominator phi(q).z (computed in fp32; see "
+                          "rfa_fairseq/ops/denominator.py for how it compares with the authors' floor)"},
+    )
+    rfa_cross_abs_denominator: bool = field(
+        default=False,
+        metadata={"help": "cross attention clamps |phi(q).z| instead of phi(q).z, as the authors' code does"},
     )
     rfa_chunk_size: int = field(
         default=DEFAULT_CHUNK_SIZE,
@@ -106,6 +124,13 @@ def rfa_config_from(args) -> RFAConfig:
         raise ValueError(
             f"--rfa-random-matrix must be one of {', '.join(RANDOM_MATRICES)}, got {values['rfa_random_matrix']!r}"
         )
+    values["rfa_gate_form"] = str(values["rfa_gate_form"])
+    if values["rfa_gate_form"] not in GATE_FORMS:
+        raise ValueError(f"--rfa-gate-form must be one of {', '.join(GATE_FORMS)}, got {values['rfa_gate_form']!r}")
+    v = values["rfa_gate_bias"]
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or abs(v) == float("inf"):
+        raise ValueError(f"--rfa-gate-bias must be a finite number, got {v!r}")
     values["rfa_gate"] = bool(values["rfa_gate"])
+    values["rfa_cross_abs_denominator"] = bool(values["rfa_cross_abs_denominator"])
     values["rfa_recompute"] = bool(values["rfa_recompute"])
     return RFAConfig(**values)

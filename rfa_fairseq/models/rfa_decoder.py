@@ -50,6 +50,8 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             cfg.decoder.attention_heads,
             self._feature_map(cfg, self.rfa.rfa_causal_feature_dim, module_id=2 * self.layer_idx),
             gate=self.rfa.rfa_gate,
+            gate_form=self.rfa.rfa_gate_form,
+            gate_bias=self.rfa.rfa_gate_bias,
             eps=self.rfa.rfa_eps,
             chunk_size=self.rfa.rfa_chunk_size,
             recompute=self.rfa.rfa_recompute,
@@ -62,6 +64,7 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             self._feature_map(cfg, self.rfa.rfa_cross_feature_dim, module_id=2 * self.layer_idx + 1),
             kdim=cfg.encoder.embed_dim,
             eps=self.rfa.rfa_eps,
+            abs_denominator=self.rfa.rfa_cross_abs_denominator,
             recompute=self.rfa.rfa_recompute,
         )
 

@@ -22,6 +22,8 @@ from .heads import merge_heads, split_heads
 from .random_feature_map import RandomFeatureMap
 from .rfa_attention_base import IncrementalState, RFAttentionBase, init_projection
 
+GATE_FORMS = ("convex", "decay")
+
 
 class CausalRFAttention(RFAttentionBase):
     """Causal random feature attention, optionally gated (RFA-Gate).
@@ -30,6 +32,9 @@ class CausalRFAttention(RFAttentionBase):
         embed_dim: model dimension ``C``; num_heads: ``H`` (``K = C / H``).
         feature_map: the :class:`RandomFeatureMap` shared by queries and keys.
         gate: learn ``g_t = sigmoid(w_g . x_t + b_g)`` per head and step.
+        gate_form: ``"convex"``, the paper's ``S_t = g_t S_{t-1} + (1 - g_t) phi(k_t) v_t^T``, or
+            ``"decay"``, ``S_t = g_t S_{t-1} + phi(k_t) v_t^T`` (the RFA slides, GLA).
+        gate_bias: the initial ``b_g`` (0: ``g`` starts near 0.5, about two tokens of memory).
         recompute: under autograd, keep only the heads ``q, k, v`` (and log-gates) of a
             whole-sequence call for the backward pass, and compute the feature maps and the
             chunked form again there, instead of keeping their intermediates (about four times
@@ -40,12 +45,16 @@ class CausalRFAttention(RFAttentionBase):
 
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, gate: bool = False,
                  bias: bool = True, eps: float = DEFAULT_EPS, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                 recompute: bool = False):
+                 recompute: bool = False, gate_form: str = "convex", gate_bias: float = 0.0):
         super().__init__(embed_dim, num_heads, feature_map, bias=bias, eps=eps, recompute=recompute)
+        if gate_form not in GATE_FORMS:
+            raise ValueError(f"gate_form must be one of {GATE_FORMS}, got {gate_form!r}")
         self.chunk_size = chunk_size
+        self.convex = gate_form == "convex"
         self.gate_proj = nn.Linear(embed_dim, num_heads) if gate else None
         if self.gate_proj is not None:
             init_projection(self.gate_proj)
+            nn.init.constant_(self.gate_proj.bias, gate_bias)
 
     def _heads(self, x: Tensor, key_padding_mask: Optional[Tensor]):
         """The heads ``q, k, v [B, H, T, K]`` (before the feature map), ``log g [B, H, T]`` (or
@@ -83,7 +92,7 @@ class CausalRFAttention(RFAttentionBase):
                  random_matrix: Optional[Tensor] = None) -> Tensor:
         """The whole sequence at once (training, scoring): features, then the chunked form."""
         q, k = self._features(q, k, pad, random_matrix)
-        return chunk_causal_rfa(q, k, v, log_g, eps=self.eps, chunk_size=self.chunk_size)
+        return chunk_causal_rfa(q, k, v, log_g, eps=self.eps, chunk_size=self.chunk_size, convex=self.convex)
 
     def forward(
         self,
@@ -134,11 +143,12 @@ class CausalRFAttention(RFAttentionBase):
             # so without autograd it is ours to update in place.
             o, state = recurrent_causal_rfa_step(q[:, :, 0], k[:, :, 0], v[:, :, 0],
                                                  None if log_g is None else log_g[:, :, 0], state,
-                                                 eps=self.eps, inplace=not torch.is_grad_enabled())
+                                                 eps=self.eps, inplace=not torch.is_grad_enabled(), convex=self.convex)
             out = o.unsqueeze(2)
         else:
             out, final = chunk_causal_rfa(q, k, v, log_g, initial_state=None if state is None else unpack_state(state),
-                                          output_final_state=True, eps=self.eps, chunk_size=self.chunk_size)
+                                          output_final_state=True, eps=self.eps, chunk_size=self.chunk_size,
+                                          convex=self.convex)
             state = pack_state(*final)
         saved["state"] = state
         self._set_input_buffer(incremental_state, saved)

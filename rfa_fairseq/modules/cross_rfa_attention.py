@@ -32,13 +32,15 @@ class CrossRFAttention(RFAttentionBase):
         recompute: under autograd and without a decoding state, keep only the heads ``q, k, v``
             for the backward pass and compute the features, the summary and its readout again
             there (as :class:`CausalRFAttention` does); not when attention weights are asked for.
+        abs_denominator: clamp ``|phi(q) . z|`` rather than ``phi(q) . z`` (the authors' code).
     """
 
     STATE_KEY = "rfa_cross_state"
 
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, kdim: Optional[int] = None,
-                 bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False):
+                 bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False, abs_denominator: bool = False):
         super().__init__(embed_dim, num_heads, feature_map, kdim=kdim, bias=bias, eps=eps, recompute=recompute)
+        self.abs_denominator = abs_denominator
         self.beam_size = 1
 
     def set_beam_size(self, beam_size: int):
@@ -124,10 +126,12 @@ class CrossRFAttention(RFAttentionBase):
             if incremental_state is not None:
                 self._set_input_buffer(incremental_state, saved)
         q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
-        out = self.out_proj(merge_heads(cross_rfa_apply(q, saved["Sz"], eps=self.eps, out_dtype=query.dtype)))
+        out = cross_rfa_apply(q, saved["Sz"], eps=self.eps, out_dtype=query.dtype, absolute=self.abs_denominator)
+        out = self.out_proj(merge_heads(out))
         weights = None
         if need_weights:  # the state then holds the summary and the keys (see _source_state)
-            weights = cross_rfa_weights(q, saved["k"], saved["Sz"], saved.get("key_padding_mask"), eps=self.eps)
+            weights = cross_rfa_weights(q, saved["k"], saved["Sz"], saved.get("key_padding_mask"), eps=self.eps,
+                                        absolute=self.abs_denominator)
             weights = weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
         return out, weights
 
@@ -136,7 +140,8 @@ class CrossRFAttention(RFAttentionBase):
         """Heads in, attention out ``[B, H, Tq, K]`` (a call without a decoding state or weights):
         features, the source summary, its readout."""
         Sz = cross_rfa_state(self.feature_map(k, random_matrix), v, key_padding_mask, packed=True)
-        return cross_rfa_apply(self.feature_map(q, random_matrix), Sz, eps=self.eps, out_dtype=out_dtype)
+        return cross_rfa_apply(self.feature_map(q, random_matrix), Sz, eps=self.eps, out_dtype=out_dtype,
+                               absolute=self.abs_denominator)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         saved = self.get_incremental_state(incremental_state, self.STATE_KEY)

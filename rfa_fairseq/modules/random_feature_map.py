@@ -50,7 +50,7 @@ class RandomFeatureMap(nn.Module):
         super().__init__()
         self.num_heads, self.head_dim, self.num_features = num_heads, head_dim, num_features
         self.kernel, self.random_matrix_kind, self.module_id = kernel, random_matrix, module_id
-        self.output_dim = feature_size(kernel, num_features)
+        self.output_dim = feature_size(kernel, num_features, head_dim)
         self.sigma = nn.Parameter(torch.full((num_heads, head_dim), float(init_sigma)))
         self.register_buffer("random_matrix", torch.zeros(num_heads, num_features, head_dim))
         self.num_updates = 0

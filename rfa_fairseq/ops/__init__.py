@@ -8,6 +8,7 @@ from .denominator import DEFAULT_EPS, guarded_ratio
 from .feature_maps import (
     FEATURE_MAPS,
     KERNELS,
+    POSITIVE_KERNELS,
     RANDOM_MATRICES,
     feature_map,
     feature_size,
@@ -19,6 +20,6 @@ __all__ = [
     "chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa_step", "pack_state", "unpack_state",
     "cross_rfa_apply", "cross_rfa_state", "cross_rfa_weights", "naive_cross_rfa",
     "DEFAULT_EPS", "guarded_ratio",
-    "FEATURE_MAPS", "KERNELS", "RANDOM_MATRICES", "feature_map", "feature_size", "l2_normalize",
+    "FEATURE_MAPS", "KERNELS", "POSITIVE_KERNELS", "RANDOM_MATRICES", "feature_map", "feature_size", "l2_normalize",
     "sample_random_matrix",
 ]

@@ -1,14 +1,27 @@
 """The guard on RFA's denominator phi(q) . z.
 
-With sin/cos features phi(q) . z estimates a sum of positive kernel values, but the estimate
-can come out small or negative for a short history or few features. We clamp it from below at
-``eps`` (default 1e-2, ``--rfa-eps``) in fp32. The authors' code clamps too, at a higher floor
-in these units: their features are scaled by a constant (0.1 or 0.01) instead of D^-1/2. Since
-|phi(q)| = 1 for the Gaussian map and the sum over keys is bounded, the ratio is finite; when
-the result is cast to fp16/bf16 it is clamped to the dtype's finite range so that a large but
-finite fp32 value can never become inf. Gradients do not flow through a clamped
-denominator (it is a constant there).
+phi(q) . z estimates a sum of kernel values, which is positive. With sin/cos features
+(``gaussian``) the estimate can still come out small or negative for a short history or few
+features, and a denominator near zero blows the output up. We clamp it from below at ``eps``
+(``--rfa-eps``, default 1e-2), in fp32; with ``absolute`` its absolute value is clamped instead
+(``--rfa-cross-abs-denominator``, cross attention only). Positive feature maps (``arccos``,
+``favor``, ``elu``) cannot make it negative, so for them the floor only bounds how small it gets.
+
+The authors' code guards the same quantity at a much higher floor. Their features are
+``c [sin, cos]`` with a constant ``c`` where ours are ``D^-1/2 [sin, cos]``, so their
+denominator is ours times ``c^2 D``: Noahs-ARK/RFA clamps at 1.0 with c = 0.1 and T2R at 0.01
+with c = 0.01, both 1.56 in our units at D = 64 (156 times our default), and rfa-doc-mt's
+floor is 0.31 in our units at D = 32. Their cross attention takes the absolute value before the
+clamp. In the paper's gated form (a convex mix of the history) phi(q) . z stays below about 1,
+so a floor near 1.56 clamps almost every position there; it is a floor for ungated sums.
+
+Gradients do not flow through a clamped denominator (it is a constant there). When the result
+is cast to fp16/bf16 it is clamped to the dtype's finite range, so a large but finite fp32 value
+never becomes inf.
 """
+import contextlib
+from typing import Dict, Iterator, List, Optional
+
 import torch
 from torch import Tensor
 
@@ -20,10 +33,17 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def guarded_ratio(num: Tensor, den: Tensor, eps: float, out_dtype: torch.dtype) -> Tensor:
-    """num / max(den, eps) in (at least) fp32; ``num`` is ``[..., K]`` and ``den`` is ``[...]``."""
+def guard(den: Tensor, eps: float, absolute: bool = False) -> Tensor:
+    """max(den, eps), or max(|den|, eps) with ``absolute``."""
+    if _counter is not None:
+        _counter.add(den, eps, absolute)
+    return (den.abs() if absolute else den).clamp_min(eps)
+
+
+def guarded_ratio(num: Tensor, den: Tensor, eps: float, out_dtype: torch.dtype, absolute: bool = False) -> Tensor:
+    """num / guard(den) in (at least) fp32; ``num`` is ``[..., K]`` and ``den`` is ``[...]``."""
     acc = compute_dtype(num)
-    return cast_finite(num.to(acc) / den.to(acc).clamp_min(eps).unsqueeze(-1), out_dtype)
+    return cast_finite(num.to(acc) / guard(den.to(acc), eps, absolute).unsqueeze(-1), out_dtype)
 
 
 def cast_finite(out: Tensor, out_dtype: torch.dtype) -> Tensor:
@@ -32,3 +52,38 @@ def cast_finite(out: Tensor, out_dtype: torch.dtype) -> Tensor:
         limit = torch.finfo(out_dtype).max
         out = out.clamp(-limit, limit)
     return out.to(out_dtype)
+
+
+class ClampCounter:
+    """How many denominators :func:`guard` saw, and how many it clamped, by ``label`` (set by the
+    caller before each module runs; see ``scripts/rfa_diagnostics.py``)."""
+
+    def __init__(self):
+        self.label = ""
+        self.seen: Dict[str, int] = {}
+        self.clamped: Dict[str, int] = {}
+        self.negative: Dict[str, int] = {}
+
+    def add(self, den: Tensor, eps: float, absolute: bool):
+        d = den.detach()
+        self.seen[self.label] = self.seen.get(self.label, 0) + d.numel()
+        self.clamped[self.label] = self.clamped.get(self.label, 0) + int(((d.abs() if absolute else d) < eps).sum())
+        self.negative[self.label] = self.negative.get(self.label, 0) + int((d < 0).sum())
+
+    def labels(self) -> List[str]:
+        return list(self.seen)
+
+
+_counter: Optional[ClampCounter] = None
+
+
+@contextlib.contextmanager
+def count_clamped() -> Iterator[ClampCounter]:
+    """Count the denominators clamped by every guard inside the block (diagnostics only: it
+    reads every denominator back, which synchronises a GPU)."""
+    global _counter
+    previous, _counter = _counter, ClampCounter()
+    try:
+        yield _counter
+    finally:
+        _counter = previous

@@ -2,8 +2,8 @@
 
 Layouts: inputs ``x`` are ``[B, H, T, K]`` (batch, heads, time, head dim ``K``); a random
 matrix is ``[H, D, K]`` (``D`` random features per head); a per-head scale ``sigma`` is
-``[H, K]``. Feature maps return ``[B, H, T, F]``, ``F = D * FEATURE_MAPS[kernel].per_feature``,
-in fp32 (fp64 for fp64 inputs, which the tests use).
+``[H, K]``. Feature maps return ``[B, H, T, F]`` (``F = feature_size(kernel, D, K)``), in fp32
+(fp64 for fp64 inputs, which the tests use).
 
 Training and decoding call the same :func:`feature_map`; a new kernel is one function and one
 entry in :data:`FEATURE_MAPS`.
@@ -84,16 +84,39 @@ def arccos_features(x: Tensor, random_matrix: Tensor) -> Tensor:
     return torch.relu(proj) / math.sqrt(proj.shape[-1])
 
 
+def favor_features(x: Tensor, random_matrix: Tensor) -> Tensor:
+    """Performer's FAVOR+ positive random features, phi(x) = D^-1/2 exp(w.x - |x|^2 / 2):
+    E[phi(x).phi(y)] = exp(x.y) for rows ``w`` drawn from N(0, I).
+
+    Performer subtracts a running maximum from the exponent to keep it finite. Here the inputs
+    are unit vectors scaled by sigma, so ``w.x - |x|^2 / 2 <= |w|^2 / 2`` whatever ``x`` is (about
+    K / 2: far inside fp32's range); a maximum over the keys would also differ between a whole
+    sequence and its prefixes, so decoding one token at a time could not reproduce it."""
+    proj = project(x, random_matrix)
+    return torch.exp(proj - 0.5 * x.pow(2).sum(-1, keepdim=True)) / math.sqrt(proj.shape[-1])
+
+
+def elu_features(x: Tensor, random_matrix: Tensor) -> Tensor:
+    """phi(x) = elu(x) + 1 (Katharopoulos et al., 2020), deterministic: no random matrix, ``K``
+    positive values, the input is not normalised (only scaled by sigma)."""
+    return torch.nn.functional.elu(x) + 1.0
+
+
 class FeatureMapKind(NamedTuple):
-    fn: Callable[[Tensor, Tensor], Tensor]  # (scaled unit-norm inputs [B, H, T, K], random matrix) -> phi
-    per_feature: int  # values of phi per random row
+    fn: Callable[[Tensor, Tensor], Tensor]  # (scaled inputs [B, H, T, K], random matrix [H, D, K]) -> phi
+    size: Callable[[int, int], int]  # (random rows D, head dim K) -> F, the length of phi
+    normalize: bool = True  # L2-normalise the inputs before sigma scales them
 
 
 FEATURE_MAPS = {
-    "gaussian": FeatureMapKind(random_fourier_features, 2),
-    "arccos": FeatureMapKind(arccos_features, 1),
+    "gaussian": FeatureMapKind(random_fourier_features, lambda d, k: 2 * d),
+    "arccos": FeatureMapKind(arccos_features, lambda d, k: d),
+    "favor": FeatureMapKind(favor_features, lambda d, k: d),
+    "elu": FeatureMapKind(elu_features, lambda d, k: k, normalize=False),
 }
 KERNELS = tuple(FEATURE_MAPS)
+# Kernels whose features are never negative: phi(q) . z > 0 (until it underflows).
+POSITIVE_KERNELS = ("arccos", "favor", "elu")
 
 
 def _kind(kernel: str) -> FeatureMapKind:
@@ -102,15 +125,18 @@ def _kind(kernel: str) -> FeatureMapKind:
     return FEATURE_MAPS[kernel]
 
 
-def feature_size(kernel: str, num_features: int) -> int:
-    """Length ``F`` of phi(x) for ``num_features`` random rows."""
-    return _kind(kernel).per_feature * num_features
+def feature_size(kernel: str, num_features: int, head_dim: int) -> int:
+    """Length ``F`` of phi(x) for ``num_features`` random rows and heads of ``head_dim``."""
+    return _kind(kernel).size(num_features, head_dim)
 
 
 def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
-    """phi(sigma * x / |x|): queries and keys are L2-normalised, scaled element-wise by the learned
-    ``sigma`` and mapped by ``kernel``. ``(sigma * x) . w == x . (sigma * w)``: the scale goes on the
-    inputs, which costs ``1 / D`` of the projection and needs no per-call copy of the matrix."""
-    acc = compute_dtype(x)
-    x = l2_normalize(x.to(acc)) * sigma.to(acc)[:, None, :]
-    return _kind(kernel).fn(x, random_matrix.to(acc))
+    """phi(sigma * x / |x|): queries and keys are L2-normalised (except for ``elu``), scaled
+    element-wise by the learned ``sigma`` and mapped by ``kernel``. ``(sigma * x) . w == x . (sigma
+    * w)``: the scale goes on the inputs, which costs ``1 / D`` of the projection and needs no
+    per-call copy of the matrix."""
+    kind = _kind(kernel)
+    x = x.to(compute_dtype(x))
+    if kind.normalize:
+        x = l2_normalize(x)
+    return kind.fn(x * sigma.to(x.dtype)[:, None, :], random_matrix.to(x.dtype))

@@ -54,6 +54,7 @@ def test_translation_model_structure(translation_model):
     (["--rfa-chunk-size", "0"], "--rfa-chunk-size"),
     (["--rfa-eps", "0"], "--rfa-eps"),
     (["--rfa-init-sigma", "-1"], "--rfa-init-sigma"),
+    (["--rfa-gate-bias", "nan"], "--rfa-gate-bias"),
     (["--decoder-attention-heads", "5"], "--decoder-attention-heads"),
 ])
 def test_invalid_flag_values_name_the_flag(lm_model, translation_model, bad, flag):
@@ -62,10 +63,30 @@ def test_invalid_flag_values_name_the_flag(lm_model, translation_model, bad, fla
             make(*bad)
 
 
-def test_unknown_kernel_rejected_by_parser(lm_model, capsys):
-    with pytest.raises(SystemExit):
-        lm_model("--rfa-kernel", "laplace")
-    assert "--rfa-kernel" in capsys.readouterr().err
+@pytest.mark.parametrize("flag, value", [("--rfa-kernel", "laplace"), ("--rfa-gate-form", "additive")])
+def test_unknown_choices_rejected_by_parser(lm_model, translation_model, capsys, flag, value):
+    for make in (lm_model, translation_model):
+        with pytest.raises(SystemExit):
+            make(flag, value)
+        assert flag in capsys.readouterr().err
+
+
+def test_gate_flags_reach_the_modules(translation_model, lm_model):
+    """--rfa-gate-bias sets the gate's starting value, --rfa-gate-form its form, and
+    --rfa-cross-abs-denominator the cross attention's guard."""
+    import math
+
+    _, model = translation_model("--rfa-gate", "--rfa-gate-form", "decay", "--rfa-gate-bias", "2",
+                                 "--rfa-cross-abs-denominator")
+    for layer in model.decoder.layers:
+        assert not layer.self_attn.convex and layer.encoder_attn.abs_denominator
+        assert torch.equal(layer.self_attn.gate_proj.bias, torch.full((layer.self_attn.num_heads,), 2.0))
+        g0 = torch.sigmoid(layer.self_attn.gate_proj(torch.zeros(1, layer.self_attn.embed_dim)))
+        torch.testing.assert_close(g0, torch.full_like(g0, 1 / (1 + math.exp(-2))))
+    _, lm = lm_model("--rfa-gate")
+    for layer in lm.decoder.layers:
+        assert layer.self_attn.convex and torch.equal(layer.self_attn.gate_proj.bias,
+                                                      torch.zeros(layer.self_attn.num_heads))
 
 
 def _attention_modules(model):

@@ -9,6 +9,10 @@ VARIANTS = [
     pytest.param(["--rfa-gate"], id="rfa-gate"),
     pytest.param(["--rfa-kernel", "arccos"], id="arccos"),
     pytest.param(["--rfa-gate", "--rfa-random-matrix", "gaussian"], id="gate-gaussian-matrix"),
+    pytest.param(["--rfa-gate", "--rfa-gate-form", "decay", "--rfa-gate-bias", "2"], id="gate-decay-bias2"),
+    pytest.param(["--rfa-gate", "--rfa-kernel", "favor"], id="gate-favor"),
+    pytest.param(["--rfa-kernel", "elu"], id="elu"),
+    pytest.param(["--rfa-cross-abs-denominator", "--rfa-eps", "1.5"], id="cross-abs-eps1.5"),
 ]
 
 

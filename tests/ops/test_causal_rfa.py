@@ -4,6 +4,8 @@ Layouts: q, k ``[B, H, T, F]``, v ``[B, H, T, K]``, log_g ``[B, H, T]``, state
 ``(S [B, H, F, K], z [B, H, F])``. The implementations accumulate in fp64 for fp64 inputs (used
 here for tight comparisons, rtol 1e-10) and in fp32 for every other dtype (rtol 1e-5).
 """
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -61,7 +63,7 @@ def make_inputs(gen, T, Fd, K, gate, init, features="abs"):
     return q, k, v, log_g, state
 
 
-def run_recurrent(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, inplace=False):
+def run_recurrent(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, inplace=False, convex=True):
     """The decoder's path: recurrent_causal_rfa_step token by token on the packed [S | z] state
     (updated in place with ``inplace``, as the decoder does without autograd)."""
     state = None if initial_state is None else pack_state(*initial_state)
@@ -69,21 +71,22 @@ def run_recurrent(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, inpl
     for t in range(q.shape[2]):
         o, state = recurrent_causal_rfa_step(
             q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t],
-            state, eps=eps, inplace=inplace,
+            state, eps=eps, inplace=inplace, convex=convex,
         )
         outs.append(o)
     return torch.stack(outs, dim=2), unpack_state(state)
 
 
-def run_chunk(chunk_size):
+def run_chunk(chunk_size, convex=True):
     def fn(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS):
         return chunk_causal_rfa(q, k, v, log_g, initial_state=initial_state, output_final_state=True,
-                                eps=eps, chunk_size=chunk_size)
+                                eps=eps, chunk_size=chunk_size, convex=convex)
     return fn
 
 
-def run_naive(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS):
-    return naive_causal_rfa(q, k, v, log_g, initial_state=initial_state, output_final_state=True, eps=eps)
+def run_naive(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, convex=True):
+    return naive_causal_rfa(q, k, v, log_g, initial_state=initial_state, output_final_state=True, eps=eps,
+                            convex=convex)
 
 
 def forward_and_grads(fn, q, k, v, log_g, state):
@@ -127,6 +130,10 @@ CASES = [
     pytest.param(130, 60, 5, False, 16, "abs", id="T130-F60-K5-plain-C16"),
     pytest.param(130, 60, 33, True, 256, "abs", id="T130-F60-K33-gate-C256>T"),
     pytest.param(63, 30, 5, True, 16, "arccos", id="T63-arccosF30-K5-gate-C16"),
+    # the decay form of the gate (no 1 - g on the write)
+    pytest.param(7, 60, 33, "decay", 1, "abs", id="T7-F60-K33-decay-C1"),
+    pytest.param(130, 60, 5, "decay", 64, "abs", id="T130-F60-K5-decay-C64"),
+    pytest.param(63, 30, 5, "decay", 16, "arccos", id="T63-arccosF30-K5-decay-C16"),
 ]
 INIT = [pytest.param(False, id="zero-state"), pytest.param(True, id="init-state")]
 # fp64 inputs are computed in fp64 (exact comparison); anything else in fp32.
@@ -146,8 +153,9 @@ def cast_inputs(dtype, q, k, v, log_g, state):
 @pytest.mark.parametrize("T,Fd,K,gate,chunk,features", CASES)
 def test_chunk_matches_naive(gen, T, Fd, K, gate, chunk, features, init, dtype, rtol, floor):
     inputs = cast_inputs(dtype, *make_inputs(gen, T, Fd, K, gate, init, features))
-    ref = forward_and_grads(run_naive, *inputs)
-    got = forward_and_grads(run_chunk(chunk), *inputs)
+    convex = gate != "decay"
+    ref = forward_and_grads(partial(run_naive, convex=convex), *inputs)
+    got = forward_and_grads(run_chunk(chunk, convex), *inputs)
     assert ref[0].dtype == dtype and ref[1][0].dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
     assert_same_run(got, ref, rtol, rtol, floor)
 
@@ -157,8 +165,9 @@ def test_chunk_matches_naive(gen, T, Fd, K, gate, chunk, features, init, dtype, 
 @pytest.mark.parametrize("T,Fd,K,gate,chunk,features", CASES)
 def test_recurrent_steps_match_naive(gen, T, Fd, K, gate, chunk, features, init, dtype, rtol, floor):
     inputs = cast_inputs(dtype, *make_inputs(gen, T, Fd, K, gate, init, features))
-    ref = forward_and_grads(run_naive, *inputs)
-    got = forward_and_grads(run_recurrent, *inputs)
+    convex = gate != "decay"
+    ref = forward_and_grads(partial(run_naive, convex=convex), *inputs)
+    got = forward_and_grads(partial(run_recurrent, convex=convex), *inputs)
     assert_same_run(got, ref, rtol, rtol, floor)
 
 
@@ -230,7 +239,8 @@ def test_padding_leaves_state_unchanged(gen, impl, pattern, gate, init):
 # ------------------------------------------------------------------ in-place recurrent step
 
 
-@pytest.mark.parametrize("gate", [pytest.param(False, id="plain"), pytest.param(True, id="gate")])
+@pytest.mark.parametrize("gate", [pytest.param(False, id="plain"), pytest.param(True, id="gate"),
+                                  pytest.param("decay", id="decay")])
 @pytest.mark.parametrize("init", INIT)
 def test_recurrent_inplace_equals_out_of_place(gen, gate, init):
     T, Fd, K = 17, 60, 33
@@ -242,15 +252,15 @@ def test_recurrent_inplace_equals_out_of_place(gen, gate, init):
         for t in range(T):
             args = (q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t])
             before = st_ref.clone()
-            o_ref, new_ref = recurrent_causal_rfa_step(*args, st_ref, inplace=False)
+            o_ref, new_ref = recurrent_causal_rfa_step(*args, st_ref, inplace=False, convex=gate != "decay")
             # the out-of-place step must not touch its input state
             assert torch.equal(st_ref, before)
-            o_ip, new_ip = recurrent_causal_rfa_step(*args, st_ip, inplace=True)
+            o_ip, new_ip = recurrent_causal_rfa_step(*args, st_ip, inplace=True, convex=gate != "decay")
             assert new_ip is st_ip
             torch.testing.assert_close(o_ip, o_ref, rtol=1e-6, atol=1e-6)
             torch.testing.assert_close(new_ip, new_ref, rtol=1e-6, atol=1e-6)
             st_ref, st_ip = new_ref, new_ip
-    out, (S, z) = run_naive(q, k, v, log_g, state)
+    out, (S, z) = run_naive(q, k, v, log_g, state, convex=gate != "decay")
     S_ip, z_ip = unpack_state(st_ip)
     assert_close(S_ip, S, name="S")
     assert_close(z_ip, z, name="z")

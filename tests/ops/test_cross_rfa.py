@@ -191,6 +191,31 @@ def test_weights_reproduce_apply(gen, pattern, beam, features):
         assert (den <= DEFAULT_EPS).any() and (den > DEFAULT_EPS).any()  # both branches exercised
 
 
+@pytest.mark.parametrize("beam", [pytest.param(1, id="beam1"), pytest.param(3, id="beam3")])
+def test_absolute_denominator(gen, beam):
+    """With ``absolute`` the guard is max(|phi(q).z|, eps): the state path, the naive loop and
+    the weights agree; a row whose denominator is below -eps is divided by |den| where the plain
+    clamp divides it by eps."""
+    Bs, Tq, S, Fd, K = 3, 4, 10, 60, 5
+    k = torch.randn(Bs, H, S, Fd, generator=gen, dtype=torch.float64) / 4
+    q = torch.randn(Bs * beam, H, Tq, Fd, generator=gen, dtype=torch.float64) / 4
+    v = torch.randn(Bs, H, S, K, generator=gen, dtype=torch.float64)
+    mask = make_mask("random", Bs, S, gen)
+    state = cross_rfa_state(k, v, mask)
+    out = cross_rfa_apply(q, state, absolute=True)
+    rep = lambda x: x.repeat_interleave(beam, dim=0)  # noqa: E731
+    ref = naive_cross_rfa(q, rep(k), rep(v), rep(mask), absolute=True)
+    assert_close(out, ref, 1e-10, "abs: state path vs naive")
+    w = cross_rfa_weights(q, k, state, mask, absolute=True)
+    assert_close(torch.einsum("bhts,bhsk->bhtk", w, rep(v)), out, 1e-10, "abs: weights @ v")
+    den = torch.einsum("bhtf,bhf->bht", q, rep(state[1]))
+    plain = cross_rfa_apply(q, state)
+    flipped = den < -DEFAULT_EPS
+    assert flipped.any() and (den > DEFAULT_EPS).any()
+    assert_close(out[flipped], plain[flipped] * DEFAULT_EPS / den[flipped, None].abs(), 1e-10, "negative rows")
+    assert_close(out[den > DEFAULT_EPS], plain[den > DEFAULT_EPS], 1e-12, "positive rows")
+
+
 @pytest.mark.parametrize(
     "dtype", [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, id="bf16"),
               pytest.param(torch.float32, id="fp32")]

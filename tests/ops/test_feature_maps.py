@@ -1,7 +1,8 @@
 """Random matrices and feature maps: the kernels they estimate, and RFA -> softmax attention.
 
 Layouts: inputs ``[B, H, T, K]``, random matrix ``[H, D, K]``, sigma ``[H, K]``, features
-``[B, H, T, F]`` with F = 2D (Gaussian, sin/cos) or D (arc-cosine). All statistical checks use
+``[B, H, T, F]`` with F = 2D (Gaussian, sin/cos), D (arc-cosine, FAVOR+) or K (elu + 1). All
+statistical checks use
 fixed seeds; thresholds sit between the observed error and the error of a wrong formula.
 """
 import math
@@ -11,6 +12,7 @@ import torch
 
 from rfa_fairseq.ops import (
     KERNELS,
+    POSITIVE_KERNELS,
     RANDOM_MATRICES,
     chunk_causal_rfa,
     cross_rfa_apply,
@@ -52,7 +54,7 @@ def test_gaussian_map_estimates_gaussian_kernel(kind):
     for D in (16, 256, 4096):
         W = sample_random_matrix(kind, H, D, K, g)
         px, py = feature_map("gaussian", x, sigma, W), feature_map("gaussian", y, sigma, W)
-        assert px.shape == (1, H, N, feature_size("gaussian", D)) == (1, H, N, 2 * D)
+        assert px.shape == (1, H, N, feature_size("gaussian", D, K)) == (1, H, N, 2 * D)
         # sin^2 + cos^2 = 1: |phi(x)| = 1 exactly, whatever the draw
         torch.testing.assert_close(px.norm(dim=-1), torch.ones(1, H, N), rtol=1e-5, atol=1e-5)
         errors[D] = ((px * py).sum(-1) - exact).abs().mean().item()
@@ -65,6 +67,42 @@ def test_gaussian_map_estimates_gaussian_kernel(kind):
     assert (est - wrong).abs().mean().item() > 3 * errors[4096]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_favor_map_estimates_the_exponential_kernel(kind):
+    """FAVOR+: phi(x).phi(y) is unbiased for exp(x.y) on the scaled inputs, and positive; its
+    error falls as D grows, and a missing |x|^2 / 2 correction is far off."""
+    H, K, N = 2, 8, 256
+    g = seeded(10)
+    sigma = 0.5 + torch.rand(H, K, generator=g)
+    x, y = kernel_pairs(g, H, N, K)
+    exact = torch.exp((sigma[:, None, :] ** 2 * x * y).sum(-1))
+    errors = {}
+    for D in (16, 256, 4096):
+        W = sample_random_matrix(kind, H, D, K, g)
+        px, py = feature_map("favor", x, sigma, W), feature_map("favor", y, sigma, W)
+        assert (px > 0).all() and px.shape == (1, H, N, D)
+        errors[D] = (((px * py).sum(-1) - exact).abs() / exact).mean().item()
+    assert errors[4096] < errors[256] < errors[16], errors
+    assert errors[4096] < 0.1, errors  # about 1 / sqrt(D): 0.74, 0.19, 0.06 with these seeds
+    W = sample_random_matrix(kind, H, 4096, K, g)
+    est = (feature_map("favor", x, sigma, W) * feature_map("favor", y, sigma, W)).sum(-1)
+    without_correction = est * torch.exp(0.5 * ((sigma[:, None, :] * x) ** 2).sum(-1)
+                                         + 0.5 * ((sigma[:, None, :] * y) ** 2).sum(-1))
+    assert ((without_correction - exact).abs() / exact).mean().item() > 5 * errors[4096]
+
+
+def test_elu_map_is_deterministic_and_ignores_the_random_matrix():
+    g = seeded(11)
+    H, K = 2, 6
+    x = 3 * torch.randn(1, H, 4, K, generator=g)
+    sigma = 0.5 + torch.rand(H, K, generator=g)
+    a = feature_map("elu", x, sigma, sample_random_matrix("gaussian", H, 5, K, g))
+    b = feature_map("elu", x, sigma, sample_random_matrix("gaussian", H, 5, K, g))
+    assert torch.equal(a, b) and (a > 0).all()
+    # not normalised: scaling the input changes the features (a unit-norm map would not)
+    assert not torch.allclose(feature_map("elu", 2 * x, sigma, torch.zeros(H, 5, K)), a)
+
+
 def test_feature_map_shapes_dtypes_and_errors():
     g = seeded(1)
     B, H, T, K, D = 2, 3, 7, 5, 33
@@ -73,13 +111,16 @@ def test_feature_map_shapes_dtypes_and_errors():
     x = torch.randn(B, H, T, K, generator=g).half()
     for kernel in KERNELS:
         phi = feature_map(kernel, x, sigma, W)
-        assert phi.shape == (B, H, T, feature_size(kernel, D))
+        assert phi.shape == (B, H, T, feature_size(kernel, D, K))
         assert phi.dtype == torch.float32  # features are always computed in fp32
-    assert feature_size("gaussian", D) == 2 * D and feature_size("arccos", D) == D
+        if kernel in POSITIVE_KERNELS:
+            assert (phi >= 0).all()
+    assert feature_size("gaussian", D, K) == 2 * D and feature_size("arccos", D, K) == D
+    assert feature_size("favor", D, K) == D and feature_size("elu", D, K) == K
     with pytest.raises(ValueError):
         feature_map("laplace", x, sigma, W)
     with pytest.raises(ValueError):
-        feature_size("laplace", D)
+        feature_size("laplace", D, K)
     with pytest.raises(ValueError):
         sample_random_matrix("uniform", H, D, K, g)
 
@@ -95,16 +136,26 @@ def test_random_matrix_draws_follow_the_generator(kind):
 
 
 def naive_features(kernel, x, sigma, W):
-    """phi by the formula, one row at a time: w_i = sigma * omega_i on the unit input."""
+    """phi by the formula, one row at a time: w_i = sigma * omega_i on the unit input (on the
+    input itself for elu)."""
     B, H, T, K = x.shape
     D = W.shape[1]
     out = []
     for b in range(B):
         for h in range(H):
             for t in range(T):
+                if kernel == "elu":
+                    out.append(torch.where(sigma[h] * x[b, h, t] > 0, sigma[h] * x[b, h, t] + 1,
+                                           torch.exp(sigma[h] * x[b, h, t])))
+                    continue
                 u = x[b, h, t] / (x[b, h, t].norm() + 1e-6)
                 proj = torch.stack([torch.dot(sigma[h] * W[h, i], u) for i in range(D)])
-                phi = torch.cat([proj.sin(), proj.cos()]) if kernel == "gaussian" else proj.relu()
+                if kernel == "gaussian":
+                    phi = torch.cat([proj.sin(), proj.cos()])
+                elif kernel == "favor":
+                    phi = torch.exp(proj - 0.5 * ((sigma[h] * u) ** 2).sum())
+                else:
+                    phi = proj.relu()
                 out.append(phi / math.sqrt(D))
     return torch.stack(out).view(B, H, T, -1)
 
@@ -122,7 +173,7 @@ def test_feature_map_equals_the_formula_row_by_row(kernel, rows):
     x = torch.randn(T, B, H * K, generator=g, dtype=torch.float64).view(T, B, H, K).permute(1, 2, 0, 3)
     ref = naive_features(kernel, x, sigma, W)
     out = feature_map(kernel, x, sigma, W)
-    assert out.shape == ref.shape == (B, H, T, feature_size(kernel, D)) and out.dtype == torch.float64
+    assert out.shape == ref.shape == (B, H, T, feature_size(kernel, D, K)) and out.dtype == torch.float64
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     out32 = feature_map(kernel, x.float(), sigma.float(), W.float())
     assert out32.dtype == torch.float32
@@ -138,7 +189,7 @@ def test_feature_map_gradients_equal_the_formulas():
     for kernel in KERNELS:
         sigma = (0.5 + torch.rand(H, K, generator=g, dtype=torch.float64)).requires_grad_(True)
         x = torch.randn(2, H, 3, K, generator=g, dtype=torch.float64).requires_grad_(True)
-        cot = torch.randn(2, H, 3, feature_size(kernel, D), generator=g, dtype=torch.float64)
+        cot = torch.randn(2, H, 3, feature_size(kernel, D, K), generator=g, dtype=torch.float64)
         got = torch.autograd.grad((feature_map(kernel, x, sigma, W) * cot).sum(), (x, sigma))
         ref = torch.autograd.grad((naive_features(kernel, x, sigma, W) * cot).sum(), (x, sigma))
         for a, b in zip(got, ref):

@@ -36,6 +36,7 @@ def chunk_causal_rfa(
     output_final_state: bool = False,
     eps: float = DEFAULT_EPS,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    convex: bool = True,
 ):
     """Same contract as :func:`naive_causal_rfa` (shapes ``[B, H, T, F]``/``[B, H, T, K]``)."""
     if chunk_size < 1:
@@ -80,16 +81,17 @@ def chunk_causal_rfa(
         # Cumulative log-gates and their differences in fp64: in fp32 a long chunk of small gates
         # loses absolute precision in b_i - b_j (these tensors are small: [B, H, N, C(, C)]).
         b = torch.cumsum(lg.double(), dim=-1)
-        # (1 - g) computed as -expm1(log g): exact for g close to 1. The per-position scalars are
-        # folded together before they touch a [.., C, F] tensor: (1 - g_j) goes into the
-        # [C, C] decay matrix for the intra-chunk part and into one factor per key for the state.
-        one_minus_g = -torch.expm1(lg)
+        # The write weight of each position: (1 - g) as -expm1(log g) (exact for g close to 1),
+        # or 1 in the decay form. The per-position scalars are folded together before they touch
+        # a [.., C, F] tensor: the weight goes into the [C, C] decay matrix for the intra-chunk
+        # part and into one factor per key for the state.
+        write = -torch.expm1(lg) if convex else torch.ones_like(lg)
         kc = kf.view(B, H, N, C, Fd)
         diff = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
-        attn = (qf @ kc.transpose(-1, -2)) * (torch.exp(diff).to(acc) * one_minus_g.unsqueeze(-2))
+        attn = (qf @ kc.transpose(-1, -2)) * (torch.exp(diff).to(acc) * write.unsqueeze(-2))
         intra = attn @ vf
         b_last = b[..., -1:]
-        chunk_kv = (kc * (torch.exp(b_last - b).to(acc) * one_minus_g).unsqueeze(-1)).transpose(-1, -2) @ vf
+        chunk_kv = (kc * (torch.exp(b_last - b).to(acc) * write).unsqueeze(-1)).transpose(-1, -2) @ vf
         # The state entering chunk n (n = 0..N; n = N is the final state) in one matmul rather
         # than a loop over chunks: with p_n = sum of the log-decays of chunks < n (fp64),
         # S_n = sum_{m < n} exp(p_n - p_{m+1}) chunk_kv_m + exp(p_n) S_0. Exponents are masked

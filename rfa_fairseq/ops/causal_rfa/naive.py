@@ -15,6 +15,7 @@ def naive_causal_rfa(
     initial_state: Optional[Tuple[Tensor, Tensor]] = None,
     output_final_state: bool = False,
     eps: float = DEFAULT_EPS,
+    convex: bool = True,
 ):
     """Causal (gated) RFA by an explicit loop over time.
 
@@ -23,6 +24,8 @@ def naive_causal_rfa(
         v: values ``[B, H, T, K]``.
         log_g: log of the gate ``[B, H, T]`` (``<= 0``), or None for plain RFA.
         initial_state: ``(S [B, H, F, K], z [B, H, F])`` or None (zeros).
+        convex: with a gate, write with weight ``1 - g_t`` (the paper's form, below); False: the
+            decay form ``S_t = g_t S_{t-1} + k_t v_t^T`` (the RFA slides, GLA).
     Returns:
         ``out [B, H, T, K]`` (dtype of ``v``) and, if asked, the final ``(S, z)`` in fp32.
 
@@ -46,9 +49,10 @@ def naive_causal_rfa(
             z = z + kt
         else:
             lg = log_g[:, :, t].to(acc)
-            g, one_minus_g = torch.exp(lg), -torch.expm1(lg)  # expm1: exact 1 - g for g near 1
-            S = g[..., None, None] * S + one_minus_g[..., None, None] * kt.unsqueeze(-1) * vt.unsqueeze(-2)
-            z = g[..., None] * z + one_minus_g[..., None] * kt
+            g = torch.exp(lg)
+            w = -torch.expm1(lg) if convex else torch.ones_like(lg)  # expm1: exact 1 - g for g near 1
+            S = g[..., None, None] * S + w[..., None, None] * kt.unsqueeze(-1) * vt.unsqueeze(-2)
+            z = g[..., None] * z + w[..., None] * kt
         qt = qf[:, :, t]
         num = torch.einsum("bhf,bhfk->bhk", qt, S)
         den = torch.einsum("bhf,bhf->bh", qt, z)

@@ -31,11 +31,14 @@ def recurrent_causal_rfa_step(
     state: Optional[Tensor],
     eps: float = DEFAULT_EPS,
     inplace: bool = False,
+    convex: bool = True,
 ) -> Tuple[Tensor, Tensor]:
     """Advance the packed state by one token and read it out.
 
         Sz_t = g_t Sz_{t-1} + phi(k_t) [(1 - g_t) v_t | (1 - g_t)]      (g_t = 1 without a gate)
         out_t = phi(q_t) S_t / max(phi(q_t) . z_t, eps)
+
+    (``convex=False``: the decay form, without the factors ``1 - g_t``.)
 
     Args:
         q, k: feature-mapped ``[B, H, F]``; v: ``[B, H, K]``; log_g: ``[B, H]`` or None.
@@ -52,8 +55,9 @@ def recurrent_causal_rfa_step(
     if log_g is not None:
         lg = log_g.to(acc)
         decay = torch.exp(lg)[..., None, None]
-        # (1 - g) as -expm1(log g) (exact for g near 1), on the value side: K + 1 numbers, not F.
-        v1 = v1 * (-torch.expm1(lg)).unsqueeze(-1)
+        if convex:
+            # (1 - g) as -expm1(log g) (exact for g near 1), on the value side: K + 1 numbers, not F.
+            v1 = v1 * (-torch.expm1(lg)).unsqueeze(-1)
     if state is None:
         # contiguous whatever the strides of k: every later step and reorder reads it whole
         Sz = (kf.unsqueeze(-1) * v1.unsqueeze(-2)).contiguous()

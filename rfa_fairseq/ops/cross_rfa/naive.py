@@ -8,9 +8,11 @@ from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
 
 
 def naive_cross_rfa(
-    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS,
+    absolute: bool = False,
 ) -> Tensor:
-    """out_i = sum_j phi(q_i).phi(k_j) v_j / max(sum_j phi(q_i).phi(k_j), eps) over non-pad keys j.
+    """out_i = sum_j phi(q_i).phi(k_j) v_j / max(sum_j phi(q_i).phi(k_j), eps) over non-pad keys j
+    (with ``absolute``: the sum's absolute value in the max).
 
     Args:
         q: ``[B, H, Tq, F]``; k: ``[B, H, S, F]``; v: ``[B, H, S, K]``;
@@ -31,5 +33,5 @@ def naive_cross_rfa(
                 w = (q[b, :, i].to(acc) * k[b, :, j].to(acc)).sum(-1)
                 num = num + w.unsqueeze(-1) * v[b, :, j].to(acc)
                 den = den + w
-            out[b, :, i] = guarded_ratio(num, den, eps, v.dtype)
+            out[b, :, i] = guarded_ratio(num, den, eps, v.dtype, absolute)
     return out

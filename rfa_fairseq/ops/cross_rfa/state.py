@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..causal_rfa.recurrent import pack_state, unpack_state
-from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
+from ..denominator import DEFAULT_EPS, compute_dtype, guard, guarded_ratio
 
 State = Union[Tensor, Tuple[Tensor, Tensor]]
 
@@ -38,9 +38,10 @@ def _group(q: Tensor, num_sources: int) -> Tensor:
     return q.reshape(num_sources, B // num_sources, *q.shape[1:])
 
 
-def cross_rfa_apply(q: Tensor, state: State, eps: float = DEFAULT_EPS, out_dtype=None) -> Tensor:
+def cross_rfa_apply(q: Tensor, state: State, eps: float = DEFAULT_EPS, out_dtype=None,
+                    absolute: bool = False) -> Tensor:
     """q: ``[B, H, Tq, F]``; state from :func:`cross_rfa_state` (packed or not) for ``B`` or
-    ``B / beam`` sources.
+    ``B / beam`` sources. ``eps``, ``absolute``: the denominator's guard (``ops.denominator``).
 
     Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
     Sz = state if isinstance(state, Tensor) else pack_state(*state)
@@ -50,15 +51,15 @@ def cross_rfa_apply(q: Tensor, state: State, eps: float = DEFAULT_EPS, out_dtype
     qg = _group(q.to(Sz.dtype), Bs).transpose(1, 2).reshape(Bs, H, -1, Fd)
     o = torch.matmul(qg, Sz)  # numerator | denominator
     K = o.shape[-1] - 1
-    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype)  # [Bs, H, beam * Tq, K]
+    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)  # [Bs, H, beam * Tq, K]
     return out.reshape(Bs, H, B // Bs, Tq, K).transpose(1, 2).reshape(B, H, Tq, K)
 
 
 def cross_rfa_weights(
     q: Tensor, k: Tensor, state: State, key_padding_mask: Optional[Tensor] = None,
-    eps: float = DEFAULT_EPS,
+    eps: float = DEFAULT_EPS, absolute: bool = False,
 ) -> Tensor:
-    """The attention weights RFA applies implicitly: ``phi(q_i).phi(k_j) / max(phi(q_i).z, eps)``.
+    """The attention weights RFA applies implicitly: ``phi(q_i).phi(k_j) / guard(phi(q_i).z)``.
 
     q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]`` for the ``Bs`` sources of ``state``.
     Returns ``[B, H, Tq, S]`` in fp32 (zero at padding)."""
@@ -69,6 +70,6 @@ def cross_rfa_weights(
     scores = torch.einsum("sbhtf,shjf->sbhtj", qg, k.to(acc))
     if key_padding_mask is not None:
         scores = scores.masked_fill(key_padding_mask[:, None, None, None, :].to(torch.bool), 0.0)
-    den = torch.einsum("sbhtf,shf->sbht", qg, z).clamp_min(eps)
+    den = guard(torch.einsum("sbhtf,shf->sbht", qg, z), eps, absolute)
     w = scores / den.unsqueeze(-1)
     return w.reshape(q.shape[0], *w.shape[2:])
