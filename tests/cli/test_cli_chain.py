@@ -1,5 +1,6 @@
 """The fairseq command lines with --user-dir: preprocess, train, generate (beam), resume from a
 checkpoint, and the language-model chain with fairseq-eval-lm. Tiny models on shipped data."""
+import json
 import math
 import os
 import re
@@ -113,3 +114,46 @@ def test_language_model_train_and_eval_lm(tmp_path):
     assert m, out[-2000:]
     ppl = float(m.group(2))
     assert math.isfinite(ppl) and 1.0 < ppl < 10 * len(open(tmp_path / "bin" / "dict.txt").readlines())
+
+
+def _diagnostics(data, ckpt, tmp_path, split="valid"):
+    out = tmp_path / "diagnostics.json"
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "rfa_diagnostics.py"), data, "--path", ckpt,
+                    "--gen-subset", split, "--json", out], check=True, capture_output=True)
+    return json.loads(out.read_text())["modules"]
+
+
+@pytest.mark.parametrize("kernel", ["favor", "elu"])
+def test_other_feature_maps_end_to_end(mt_data, tmp_path, kernel):
+    """FAVOR+ and elu: fairseq-train, fairseq-generate and (for the LM) fairseq-eval-lm, and the
+    diagnostics command on both checkpoints (the gate's mean, sigma, the clamped denominators)."""
+    ckpt = tmp_path / "mt"
+    run_cli("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
+            "--rfa-kernel", kernel, "--rfa-gate", "--rfa-gate-form", "decay", "--share-all-embeddings", *TINY, *TRAIN,
+            "--max-update", "3", "--save-dir", ckpt, "--no-epoch-checkpoints")
+    out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
+                  "--gen-subset", "test", "--beam", "3", "--max-len-b", "8", "--cpu")
+    assert len(re.findall(r"^H-\d+\t", out, flags=re.M)) == 12
+    rows = _diagnostics(mt_data / "bin", ckpt / "checkpoint_last.pt", tmp_path)
+    assert [r["module"] for r in rows] == [f"decoder.layers.{i}.{m}" for i in range(2)
+                                           for m in ("self_attn", "encoder_attn")]
+    for r in rows:
+        assert r["kernel"] == kernel and r["denominators"] > 0 and 0 <= r["clamped_pct"] <= 100
+        assert r["negative_pct"] == 0  # positive features
+        assert (0 < r["mean_gate"] < 1) if r["module"].endswith("self_attn") else r["mean_gate"] is None
+
+    lm = tmp_path / "lm"
+    lm.mkdir()
+    for split, n in (("train", 200), ("valid", 20), ("test", 20)):
+        head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.en.gz"), lm / f"{split}.txt", n)
+    run_cli("fairseq-preprocess", "--only-source", "--trainpref", lm / "train.txt", "--validpref", lm / "valid.txt",
+            "--testpref", lm / "test.txt", "--destdir", lm / "bin", "--workers", "1")
+    run_cli("fairseq-train", lm / "bin", "--task", "language_modeling", "--user-dir", USER_DIR,
+            "--arch", "rfa_transformer_lm", "--rfa-kernel", kernel, "--tokens-per-sample", "32",
+            "--decoder-layers", "1", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+            "--decoder-attention-heads", "4", *TRAIN, "--max-update", "3", "--save-dir", lm / "ckpt")
+    out = run_cli("fairseq-eval-lm", lm / "bin", "--user-dir", USER_DIR, "--path", lm / "ckpt" / "checkpoint_last.pt",
+                  "--gen-subset", "test", "--tokens-per-sample", "32", "--max-tokens", "1024", "--cpu")
+    assert math.isfinite(float(re.search(r"Perplexity: ([\d.]+)", out).group(1)))
+    rows = _diagnostics(lm / "bin", lm / "ckpt" / "checkpoint_last.pt", tmp_path)
+    assert [r["module"] for r in rows] == ["decoder.layers.0.self_attn"] and rows[0]["mean_gate"] is None

@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""Translation quality of softmax, RFA, RFA-Gate and their options on Multi30k de-en: a
+resumable queue of training runs, scored on the valid and test splits.
+
+    python results/quality_study.py --setting screen --variants softmax rfa rfa_gate --seeds 1
+    python results/quality_study.py --setting final --variants softmax rfa_gate --seeds 1 2 3
+    python results/quality_study.py --report            # the table of what is recorded
+
+Every run trains one model with fairseq-train, decodes valid and test with fairseq-generate
+(beam 4), scores them with sacreBLEU and appends one JSON line to --out (default
+results/quality_study.jsonl): BLEU, seconds per update, and the diagnostics of
+scripts/rfa_diagnostics.py on the valid split. A run already recorded is skipped; an interrupted
+one resumes from its checkpoint (its work folder is kept under work/study/). Run one study at a
+time: two training jobs on the same cores spoil each other's timings.
+
+Settings choose on the valid split; the test split is reported.
+"""
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+BIN = Path(PY).parent
+
+# model and budget; both use fairseq's transformer_iwslt_de_en optimiser settings scaled down
+SETTINGS = {
+    # the screening budget: cheap, one seed, ideas against each other
+    "screen": dict(layers=2, dim=256, ffn=512, heads=4, updates=600, warmup=150, lr="3e-3"),
+    # the final comparison: softmax well trained at this size
+    "final": dict(layers=3, dim=256, ffn=1024, heads=4, updates=2000, warmup=400, lr="2e-3"),
+}
+RFA = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en"]
+GATE = RFA + ["--rfa-gate"]
+VARIANTS = {
+    "softmax": ["--arch", "transformer_iwslt_de_en"],
+    "rfa": RFA,
+    "rfa_gate": GATE,
+    # each idea of the quality issue alone
+    "gate_bias2": GATE + ["--rfa-gate-bias", "2"],
+    "gate_decay": GATE + ["--rfa-gate-form", "decay"],
+    "gate_decay_bias2": GATE + ["--rfa-gate-form", "decay", "--rfa-gate-bias", "2"],
+    "rfa_authors_floor": RFA + ["--rfa-eps", "1.56", "--rfa-cross-abs-denominator"],
+    "gate_sigma2": GATE + ["--rfa-init-sigma", "2"],
+    "rfa_sigma2": RFA + ["--rfa-init-sigma", "2"],
+    # the other feature maps
+    "favor": RFA + ["--rfa-kernel", "favor"],
+    "elu": RFA + ["--rfa-kernel", "elu"],
+}
+
+
+def run(cmd, log, **kw):
+    with open(log, "w") as f:
+        subprocess.run([str(c) for c in cmd], stdout=f, stderr=subprocess.STDOUT, check=True, cwd=ROOT, **kw)
+
+
+def prepare(work: Path) -> Path:
+    data = work / "data"
+    subprocess.run(["bash", "scripts/prepare_multi30k.sh", str(data)], check=True, cwd=ROOT,
+                   env={**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}"})
+    ref = data / "valid.ref.en"
+    if not ref.exists():
+        with gzip.open(ROOT / "data/multi30k/valid.en.gz", "rt", encoding="utf-8") as f:
+            ref.write_text(f.read(), encoding="utf-8")
+    return data
+
+
+def score(data: Path, ckpt: Path, split: str, out: Path) -> dict:
+    gen, log = out / f"generate.{split}.out", out / f"generate.{split}.log"
+    with open(gen, "w") as o, open(log, "w") as e:
+        subprocess.run([BIN / "fairseq-generate", data / "bin", "--user-dir", "rfa_fairseq", "--path", ckpt,
+                        "--gen-subset", split, "--beam", "4", "--batch-size", "64", "--max-len-a", "1.2",
+                        "--max-len-b", "10", "--post-process", "sentencepiece", "--cpu"],
+                       stdout=o, stderr=e, check=True, cwd=ROOT)
+    ref = data / ("test.ref.en" if split == "test" else f"{split}.ref.en")
+    record_file = out / f"score.{split}.json"
+    record_file.unlink(missing_ok=True)
+    subprocess.run([PY, "scripts/score_translation.py", gen, log, ref, "--json", record_file], check=True,
+                   cwd=ROOT, stdout=subprocess.DEVNULL)
+    return json.loads(record_file.read_text().splitlines()[-1])
+
+
+def one_run(variant: str, setting: str, seed: int, data: Path, work: Path) -> dict:
+    s = SETTINGS[setting]
+    out = work / setting / f"{variant}-seed{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    resumed = (out / "checkpoint_last.pt").exists()
+    model = ["--encoder-layers", s["layers"], "--decoder-layers", s["layers"],
+             "--encoder-embed-dim", s["dim"], "--decoder-embed-dim", s["dim"],
+             "--encoder-ffn-embed-dim", s["ffn"], "--decoder-ffn-embed-dim", s["ffn"],
+             "--encoder-attention-heads", s["heads"], "--decoder-attention-heads", s["heads"]]
+    start = time.time()
+    run([BIN / "fairseq-train", data / "bin", *VARIANTS[variant], "--share-all-embeddings", *model,
+         "--dropout", "0.1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
+         "--lr", s["lr"], "--lr-scheduler", "inverse_sqrt", "--warmup-updates", s["warmup"],
+         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+         "--max-tokens", "4000", "--seed", seed, "--max-update", s["updates"],
+         "--save-dir", out, "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "100", "--cpu"],
+        out / "train.log")
+    train_s = time.time() - start
+    ckpt = out / "checkpoint_last.pt"
+    record = {"variant": variant, "setting": setting, "seed": seed, "flags": " ".join(map(str, VARIANTS[variant])),
+              "updates": s["updates"], "train_s": round(train_s, 1),
+              "s_per_update": None if resumed else round(train_s / s["updates"], 3),
+              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                       cwd=ROOT).stdout.strip()}
+    for split in ("valid", "test"):
+        r = score(data, ckpt, split, out)
+        record[f"{split}_bleu"] = r["bleu"]
+        record[f"{split}_tokens_per_s"] = r.get("tokens_per_s")
+    if variant != "softmax":
+        run([PY, "scripts/rfa_diagnostics.py", data / "bin", "--path", ckpt, "--json", out / "diagnostics.json"],
+            out / "diagnostics.log")
+        mods = json.loads((out / "diagnostics.json").read_text())["modules"]
+        record["diagnostics"] = {m["module"].replace("decoder.layers.", ""): {
+            k: (round(m[k], 4) if isinstance(m[k], float) else m[k])
+            for k in ("sigma_mean", "mean_gate", "clamped_pct", "negative_pct")} for m in mods}
+    return record
+
+
+def load(path: Path):
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def report(records):
+    groups = {}
+    for r in records:
+        groups.setdefault((r["setting"], r["variant"]), []).append(r)
+    print("| setting | variant | seeds | valid BLEU | test BLEU (mean, min-max) | s/update |")
+    print("|---|---|---|---|---|---|")
+    for (setting, variant), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], list(VARIANTS).index(kv[0][1])
+                                                                          if kv[0][1] in VARIANTS else 99)):
+        v = [r["valid_bleu"] for r in rs]
+        t = [r["test_bleu"] for r in rs]
+        spu = [r["s_per_update"] for r in rs if r.get("s_per_update")]
+        spread = f" ({min(t):.2f}-{max(t):.2f})" if len(t) > 1 else ""
+        seeds = ",".join(str(r["seed"]) for r in rs)
+        speed = f"{statistics.mean(spu):.2f}" if spu else "-"
+        print(f"| {setting} | {variant} | {seeds} | {statistics.mean(v):.2f} | {statistics.mean(t):.2f}{spread} "
+              f"| {speed} |")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--setting", choices=list(SETTINGS), default="screen")
+    p.add_argument("--variants", nargs="+", default=["softmax", "rfa", "rfa_gate"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[1])
+    p.add_argument("--out", type=Path, default=ROOT / "results/quality_study.jsonl")
+    p.add_argument("--work", type=Path, default=ROOT / "work/study")
+    p.add_argument("--report", action="store_true", help="print the recorded results and stop")
+    args = p.parse_args(argv)
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
+    if args.report:
+        report(load(args.out))
+        return
+    data = prepare(args.work)
+    for seed in args.seeds:
+        for variant in args.variants:
+            done = {(r["variant"], r["setting"], r["seed"]) for r in load(args.out)}
+            if (variant, args.setting, seed) in done:
+                print(f"[study] {args.setting} {variant} seed {seed}: recorded, skipped", flush=True)
+                continue
+            print(f"[study] {args.setting} {variant} seed {seed}: training", flush=True)
+            record = one_run(variant, args.setting, seed, data, args.work)
+            with open(args.out, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            print(f"[study] {args.setting} {variant} seed {seed}: valid {record['valid_bleu']}, "
+                  f"test {record['test_bleu']}, {record['train_s']} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
