@@ -86,7 +86,24 @@ def score(data: Path, ckpt: Path, split: str, out: Path) -> dict:
     return json.loads(record_file.read_text().splitlines()[-1])
 
 
-def one_run(variant: str, setting: str, seed: int, data: Path, work: Path) -> dict:
+def feature_noise(data: Path, ckpt: Path, out: Path, draws: int) -> dict:
+    """Valid BLEU of the trained model decoded with ``draws`` other random-matrix draws, and with
+    one draw of four times the features (scripts/redraw_features.py)."""
+    found = {"valid_bleu_other_draws": [], "valid_bleu_4x_features": None}
+    for i in range(draws + 1):
+        redrawn = out / "redrawn.pt"
+        extra = ["--feature-scale", 4] if i == draws else []
+        run([PY, "scripts/redraw_features.py", ckpt, redrawn, "--seed", 1000 + i, *extra], out / "redraw.log")
+        bleu = score(data, redrawn, "valid", out)["bleu"]
+        if i == draws:
+            found["valid_bleu_4x_features"] = bleu
+        else:
+            found["valid_bleu_other_draws"].append(bleu)
+        redrawn.unlink()
+    return found
+
+
+def one_run(variant: str, setting: str, seed: int, data: Path, work: Path, draws: int = 0) -> dict:
     s = SETTINGS[setting]
     out = work / setting / f"{variant}-seed{seed}"
     out.mkdir(parents=True, exist_ok=True)
@@ -121,6 +138,8 @@ def one_run(variant: str, setting: str, seed: int, data: Path, work: Path) -> di
         record["diagnostics"] = {m["module"].replace("decoder.layers.", ""): {
             k: (round(m[k], 4) if isinstance(m[k], float) else m[k])
             for k in ("sigma_mean", "mean_gate", "clamped_pct", "negative_pct")} for m in mods}
+        if draws:
+            record.update(feature_noise(data, ckpt, out, draws))
     return record
 
 
@@ -155,6 +174,9 @@ def main(argv=None):
     p.add_argument("--seeds", nargs="+", type=int, default=[1])
     p.add_argument("--out", type=Path, default=ROOT / "results/quality_study.jsonl")
     p.add_argument("--work", type=Path, default=ROOT / "work/study")
+    p.add_argument("--eval-draws", type=int, default=0,
+                   help="RFA variants: also decode valid with this many other random-matrix draws and with "
+                        "four times the random features (the feature noise's share of the BLEU)")
     p.add_argument("--report", action="store_true", help="print the recorded results and stop")
     args = p.parse_args(argv)
     unknown = [v for v in args.variants if v not in VARIANTS]
@@ -171,7 +193,7 @@ def main(argv=None):
                 print(f"[study] {args.setting} {variant} seed {seed}: recorded, skipped", flush=True)
                 continue
             print(f"[study] {args.setting} {variant} seed {seed}: training", flush=True)
-            record = one_run(variant, args.setting, seed, data, args.work)
+            record = one_run(variant, args.setting, seed, data, args.work, args.eval_draws)
             with open(args.out, "a") as f:
                 f.write(json.dumps(record) + "\n")
             print(f"[study] {args.setting} {variant} seed {seed}: valid {record['valid_bleu']}, "

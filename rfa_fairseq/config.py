@@ -131,6 +131,8 @@ def rfa_config_from(args) -> RFAConfig:
     if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or abs(v) == float("inf"):
         raise ValueError(f"--rfa-gate-bias must be a finite number, got {v!r}")
     values["rfa_gate"] = bool(values["rfa_gate"])
+    if not values["rfa_gate"] and (values["rfa_gate_form"] != "convex" or values["rfa_gate_bias"] != 0):
+        raise ValueError("--rfa-gate-form and --rfa-gate-bias shape the gate: they need --rfa-gate")
     values["rfa_cross_abs_denominator"] = bool(values["rfa_cross_abs_denominator"])
     values["rfa_recompute"] = bool(values["rfa_recompute"])
     return RFAConfig(**values)

@@ -157,3 +157,36 @@ def test_other_feature_maps_end_to_end(mt_data, tmp_path, kernel):
     assert math.isfinite(float(re.search(r"Perplexity: ([\d.]+)", out).group(1)))
     rows = _diagnostics(lm / "bin", lm / "ckpt" / "checkpoint_last.pt", tmp_path)
     assert [r["module"] for r in rows] == ["decoder.layers.0.self_attn"] and rows[0]["mean_gate"] is None
+
+
+def test_redraw_features_keeps_the_model_and_changes_the_draws(mt_data, tmp_path):
+    """scripts/redraw_features.py: a seed gives the same matrices every time and other seeds other
+    ones; more features load and decode; the rest of the checkpoint is unchanged."""
+    ckpt = tmp_path / "ckpt"
+    run_cli("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
+            "--share-all-embeddings", *TINY, *TRAIN, "--max-update", "1", "--save-dir", ckpt, "--no-epoch-checkpoints")
+    script = os.path.join(REPO, "scripts", "redraw_features.py")
+    src = ckpt / "checkpoint_last.pt"
+    for name, extra in (("a", ["--seed", "5"]), ("b", ["--seed", "5"]), ("c", ["--seed", "6"]),
+                        ("big", ["--seed", "5", "--causal-feature-dim", "80", "--cross-feature-dim", "100"]),
+                        ("x3", ["--seed", "5", "--feature-scale", "3"])):
+        subprocess.run([sys.executable, script, src, tmp_path / f"{name}.pt", *extra], check=True, capture_output=True)
+    load = lambda n: torch.load(tmp_path / f"{n}.pt", map_location="cpu", weights_only=False)  # noqa: E731
+    old = torch.load(src, map_location="cpu", weights_only=False)
+    a, b, c, big, x3 = load("a"), load("b"), load("c"), load("big"), load("x3")
+    matrices = [n for n in old["model"] if n.endswith("feature_map.random_matrix")]
+    assert len(matrices) == 4
+    for n in old["model"]:
+        if n in matrices:
+            assert torch.equal(a["model"][n], b["model"][n]) and not torch.equal(a["model"][n], c["model"][n])
+            assert not torch.equal(a["model"][n], old["model"][n])
+            assert big["model"][n].shape[1] == (100 if "encoder_attn" in n else 80)
+            assert x3["model"][n].shape[1] == 3 * old["model"][n].shape[1]
+        else:
+            assert torch.equal(a["model"][n], old["model"][n])
+    out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", tmp_path / "big.pt",
+                  "--gen-subset", "test", "--beam", "2", "--max-len-b", "6", "--cpu")
+    assert len(re.findall(r"^H-\d+\t", out, flags=re.M)) == 12
+    bad = subprocess.run([sys.executable, script, src, tmp_path / "x.pt", "--seed", "1", "--causal-feature-dim", "0"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "--causal-feature-dim" in bad.stderr

@@ -54,7 +54,9 @@ def test_translation_model_structure(translation_model):
     (["--rfa-chunk-size", "0"], "--rfa-chunk-size"),
     (["--rfa-eps", "0"], "--rfa-eps"),
     (["--rfa-init-sigma", "-1"], "--rfa-init-sigma"),
-    (["--rfa-gate-bias", "nan"], "--rfa-gate-bias"),
+    (["--rfa-gate", "--rfa-gate-bias", "nan"], "--rfa-gate-bias"),
+    (["--rfa-gate-form", "decay"], "need --rfa-gate"),
+    (["--rfa-gate-bias", "2"], "need --rfa-gate"),
     (["--decoder-attention-heads", "5"], "--decoder-attention-heads"),
 ])
 def test_invalid_flag_values_name_the_flag(lm_model, translation_model, bad, flag):
