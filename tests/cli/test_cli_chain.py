@@ -132,7 +132,7 @@ def test_other_feature_maps_end_to_end(mt_data, tmp_path, kernel):
             "--rfa-kernel", kernel, "--rfa-gate", "--rfa-gate-form", "decay", "--share-all-embeddings", *TINY, *TRAIN,
             "--max-update", "3", "--save-dir", ckpt, "--no-epoch-checkpoints")
     out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
-                  "--gen-subset", "test", "--beam", "3", "--max-len-b", "8", "--cpu")
+                  "--gen-subset", "test", "--beam", "3", "--max-len-b", "8", "--required-batch-size-multiple", "1", "--cpu")
     assert len(re.findall(r"^H-\d+\t", out, flags=re.M)) == 12
     rows = _diagnostics(mt_data / "bin", ckpt / "checkpoint_last.pt", tmp_path)
     assert [r["module"] for r in rows] == [f"decoder.layers.{i}.{m}" for i in range(2)
@@ -185,7 +185,8 @@ def test_redraw_features_keeps_the_model_and_changes_the_draws(mt_data, tmp_path
         else:
             assert torch.equal(a["model"][n], old["model"][n])
     out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", tmp_path / "big.pt",
-                  "--gen-subset", "test", "--beam", "2", "--max-len-b", "6", "--cpu")
+                  "--gen-subset", "test", "--beam", "2", "--max-len-b", "6", "--required-batch-size-multiple", "1",
+                  "--cpu")
     assert len(re.findall(r"^H-\d+\t", out, flags=re.M)) == 12
     bad = subprocess.run([sys.executable, script, src, tmp_path / "x.pt", "--seed", "1", "--causal-feature-dim", "0"],
                          capture_output=True, text=True)
