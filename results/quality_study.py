@@ -19,10 +19,10 @@ import argparse
 import gzip
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +76,8 @@ def score(data: Path, ckpt: Path, split: str, out: Path) -> dict:
     with open(gen, "w") as o, open(log, "w") as e:
         subprocess.run([BIN / "fairseq-generate", data / "bin", "--user-dir", "rfa_fairseq", "--path", ckpt,
                         "--gen-subset", split, "--beam", "4", "--batch-size", "64", "--max-len-a", "1.2",
-                        "--max-len-b", "10", "--post-process", "sentencepiece", "--cpu"],
+                        "--max-len-b", "10", "--post-process", "sentencepiece", "--required-batch-size-multiple", "1",
+                        "--cpu"],
                        stdout=o, stderr=e, check=True, cwd=ROOT)
     ref = data / ("test.ref.en" if split == "test" else f"{split}.ref.en")
     record_file = out / f"score.{split}.json"
@@ -103,16 +104,11 @@ def feature_noise(data: Path, ckpt: Path, out: Path, draws: int) -> dict:
     return found
 
 
-def one_run(variant: str, setting: str, seed: int, data: Path, work: Path, draws: int = 0) -> dict:
-    s = SETTINGS[setting]
-    out = work / setting / f"{variant}-seed{seed}"
-    out.mkdir(parents=True, exist_ok=True)
-    resumed = (out / "checkpoint_last.pt").exists()
+def train(variant: str, s: dict, seed: int, data: Path, out: Path):
     model = ["--encoder-layers", s["layers"], "--decoder-layers", s["layers"],
              "--encoder-embed-dim", s["dim"], "--decoder-embed-dim", s["dim"],
              "--encoder-ffn-embed-dim", s["ffn"], "--decoder-ffn-embed-dim", s["ffn"],
              "--encoder-attention-heads", s["heads"], "--decoder-attention-heads", s["heads"]]
-    start = time.time()
     run([BIN / "fairseq-train", data / "bin", *VARIANTS[variant], "--share-all-embeddings", *model,
          "--dropout", "0.1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0",
          "--lr", s["lr"], "--lr-scheduler", "inverse_sqrt", "--warmup-updates", s["warmup"],
@@ -120,11 +116,24 @@ def one_run(variant: str, setting: str, seed: int, data: Path, work: Path, draws
          "--max-tokens", "4000", "--seed", seed, "--max-update", s["updates"],
          "--save-dir", out, "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "100", "--cpu"],
         out / "train.log")
-    train_s = time.time() - start
+
+
+def one_run(variant: str, setting: str, seed: int, data: Path, work: Path, draws: int = 0) -> dict:
+    s = SETTINGS[setting]
+    out = work / setting / f"{variant}-seed{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    timing = out / "timing.json"  # written once training has finished
+    if not timing.exists():
+        resumed = (out / "checkpoint_last.pt").exists()
+        train(variant, s, seed, data, out)
+        done = re.search(r"done training in ([\d.]+) seconds", (out / "train.log").read_text())
+        timing.write_text(json.dumps({"train_s": float(done.group(1)) if done else None, "resumed": resumed}))
+    t = json.loads(timing.read_text())
     ckpt = out / "checkpoint_last.pt"
     record = {"variant": variant, "setting": setting, "seed": seed, "flags": " ".join(map(str, VARIANTS[variant])),
-              "updates": s["updates"], "train_s": round(train_s, 1),
-              "s_per_update": None if resumed else round(train_s / s["updates"], 3),
+              "updates": s["updates"], "train_s": t["train_s"],
+              # only a run trained in one go has a meaningful time per update
+              "s_per_update": None if t["resumed"] or not t["train_s"] else round(t["train_s"] / s["updates"], 3),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                        cwd=ROOT).stdout.strip()}
     for split in ("valid", "test"):
@@ -192,7 +201,7 @@ def main(argv=None):
             if (variant, args.setting, seed) in done:
                 print(f"[study] {args.setting} {variant} seed {seed}: recorded, skipped", flush=True)
                 continue
-            print(f"[study] {args.setting} {variant} seed {seed}: training", flush=True)
+            print(f"[study] {args.setting} {variant} seed {seed}: running", flush=True)
             record = one_run(variant, args.setting, seed, data, args.work, args.eval_draws)
             with open(args.out, "a") as f:
                 f.write(json.dumps(record) + "\n")
