@@ -1,0 +1,39 @@
+"""results/quality_study.py: the table it reports from recorded runs, and its refusals."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+from rfa_test_utils import REPO
+
+
+def study():
+    spec = importlib.util.spec_from_file_location("quality_study", os.path.join(REPO, "results", "quality_study.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def record(variant, seed, valid, test, spu):
+    return {"variant": variant, "setting": "final", "seed": seed, "valid_bleu": valid, "test_bleu": test,
+            "s_per_update": spu}
+
+
+def test_report_gives_mean_and_spread_over_seeds(tmp_path, capsys):
+    out = tmp_path / "study.jsonl"
+    rows = [record("rfa_gate", 1, 30.0, 29.0, 1.5), record("softmax", 1, 33.0, 32.0, 1.0),
+            record("rfa_gate", 2, 31.0, 30.0, None), record("rfa_gate", 3, 32.0, 31.5, 2.5)]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    study().main(["--report", "--out", str(out)])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| final")]
+    # softmax first (the order of VARIANTS), then RFA-Gate over its three seeds; the time per
+    # update averages only the runs that have one
+    assert lines == ["| final | softmax | 1 | 33.00 | 32.00 | 1.00 |",
+                     "| final | rfa_gate | 1,2,3 | 31.00 | 30.17 (29.00-31.50) | 2.00 |"]
+
+
+def test_unknown_variant_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        study().main(["--variants", "rfa_gate", "gate_sideways"])
+    assert "gate_sideways" in capsys.readouterr().err
