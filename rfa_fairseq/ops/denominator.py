@@ -20,7 +20,7 @@ is cast to fp16/bf16 it is clamped to the dtype's finite range, so a large but f
 never becomes inf.
 """
 import contextlib
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -69,9 +69,6 @@ class ClampCounter:
         self.seen[self.label] = self.seen.get(self.label, 0) + d.numel()
         self.clamped[self.label] = self.clamped.get(self.label, 0) + int(((d.abs() if absolute else d) < eps).sum())
         self.negative[self.label] = self.negative.get(self.label, 0) + int((d < 0).sum())
-
-    def labels(self) -> List[str]:
-        return list(self.seen)
 
 
 _counter: Optional[ClampCounter] = None

@@ -105,18 +105,18 @@ def elu_features(x: Tensor, random_matrix: Tensor) -> Tensor:
 class FeatureMapKind(NamedTuple):
     fn: Callable[[Tensor, Tensor], Tensor]  # (scaled inputs [B, H, T, K], random matrix [H, D, K]) -> phi
     size: Callable[[int, int], int]  # (random rows D, head dim K) -> F, the length of phi
+    positive: bool  # phi is never negative, so phi(q) . z > 0 (until it underflows)
     normalize: bool = True  # L2-normalise the inputs before sigma scales them
 
 
 FEATURE_MAPS = {
-    "gaussian": FeatureMapKind(random_fourier_features, lambda d, k: 2 * d),
-    "arccos": FeatureMapKind(arccos_features, lambda d, k: d),
-    "favor": FeatureMapKind(favor_features, lambda d, k: d),
-    "elu": FeatureMapKind(elu_features, lambda d, k: k, normalize=False),
+    "gaussian": FeatureMapKind(random_fourier_features, lambda d, k: 2 * d, positive=False),
+    "arccos": FeatureMapKind(arccos_features, lambda d, k: d, positive=True),
+    "favor": FeatureMapKind(favor_features, lambda d, k: d, positive=True),
+    "elu": FeatureMapKind(elu_features, lambda d, k: k, positive=True, normalize=False),
 }
 KERNELS = tuple(FEATURE_MAPS)
-# Kernels whose features are never negative: phi(q) . z > 0 (until it underflows).
-POSITIVE_KERNELS = ("arccos", "favor", "elu")
+POSITIVE_KERNELS = tuple(name for name, kind in FEATURE_MAPS.items() if kind.positive)
 
 
 def _kind(kernel: str) -> FeatureMapKind:
