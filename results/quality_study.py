@@ -49,6 +49,7 @@ VARIANTS = {
     "rfa_authors_floor": RFA + ["--rfa-eps", "1.56", "--rfa-cross-abs-denominator"],
     "gate_sigma2": GATE + ["--rfa-init-sigma", "2"],
     "rfa_sigma2": RFA + ["--rfa-init-sigma", "2"],
+    "rfa_norm_rescale": RFA + ["--rfa-cross-norm-rescale"],
     # the other feature maps
     "favor": RFA + ["--rfa-kernel", "favor"],
     "elu": RFA + ["--rfa-kernel", "elu"],
@@ -118,6 +119,11 @@ def train(variant: str, s: dict, seed: int, data: Path, out: Path):
         out / "train.log")
 
 
+def train_threads() -> int:
+    """The CPU threads fairseq-train gets: OMP_NUM_THREADS if set, else the cores this process may use."""
+    return int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
+
+
 def one_run(variant: str, setting: str, seed: int, data: Path, work: Path, draws: int = 0) -> dict:
     s = SETTINGS[setting]
     out = work / setting / f"{variant}-seed{seed}"
@@ -127,13 +133,15 @@ def one_run(variant: str, setting: str, seed: int, data: Path, work: Path, draws
         resumed = (out / "checkpoint_last.pt").exists()
         train(variant, s, seed, data, out)
         done = re.search(r"done training in ([\d.]+) seconds", (out / "train.log").read_text())
-        timing.write_text(json.dumps({"train_s": float(done.group(1)) if done else None, "resumed": resumed}))
+        timing.write_text(json.dumps({"train_s": float(done.group(1)) if done else None, "resumed": resumed,
+                                      "threads": train_threads()}))
     t = json.loads(timing.read_text())
     ckpt = out / "checkpoint_last.pt"
     record = {"variant": variant, "setting": setting, "seed": seed, "flags": " ".join(map(str, VARIANTS[variant])),
               "updates": s["updates"], "train_s": t["train_s"],
               # only a run trained in one go has a meaningful time per update
               "s_per_update": None if t["resumed"] or not t["train_s"] else round(t["train_s"] / s["updates"], 3),
+              "train_threads": t.get("threads"),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                        cwd=ROOT).stdout.strip()}
     for split in ("valid", "test"):
@@ -169,9 +177,10 @@ def report(records):
         v = [r["valid_bleu"] for r in rs]
         t = [r["test_bleu"] for r in rs]
         spu = [r["s_per_update"] for r in rs if r.get("s_per_update")]
+        threads = sorted({r.get("train_threads") for r in rs if r.get("s_per_update")} - {None})
         spread = f" ({min(t):.2f}-{max(t):.2f})" if len(t) > 1 else ""
         seeds = ",".join(str(r["seed"]) for r in rs)
-        speed = f"{statistics.mean(spu):.2f}" if spu else "-"
+        speed = f"{statistics.mean(spu):.2f} ({'/'.join(map(str, threads))} thr)" if spu else "-"
         print(f"| {setting} | {variant} | {seeds} | {statistics.mean(v):.2f} | {statistics.mean(t):.2f}{spread} "
               f"| {speed} |")
 

@@ -61,6 +61,12 @@ class RFAConfig(FairseqDataclass):
         default=False,
         metadata={"help": "cross attention clamps |phi(q).z| instead of phi(q).z, as the authors' code does"},
     )
+    rfa_cross_norm_rescale: bool = field(
+        default=False,
+        metadata={"help": "cross attention weights each source key's features by exp(|k|^2 / 2 head_dim), so "
+                          "a key's norm (which the unit normalisation of the features drops) sets how much it is "
+                          "attended to (rfa-doc-mt's --norm-rescale)"},
+    )
     rfa_chunk_size: int = field(
         default=DEFAULT_CHUNK_SIZE,
         metadata={"help": "chunk length of the chunked parallel form of causal RFA used in training"},
@@ -134,5 +140,6 @@ def rfa_config_from(args) -> RFAConfig:
     if not values["rfa_gate"] and (values["rfa_gate_form"] != "convex" or values["rfa_gate_bias"] != 0):
         raise ValueError("--rfa-gate-form and --rfa-gate-bias shape the gate: they need --rfa-gate")
     values["rfa_cross_abs_denominator"] = bool(values["rfa_cross_abs_denominator"])
+    values["rfa_cross_norm_rescale"] = bool(values["rfa_cross_norm_rescale"])
     values["rfa_recompute"] = bool(values["rfa_recompute"])
     return RFAConfig(**values)

@@ -65,6 +65,7 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             kdim=cfg.encoder.embed_dim,
             eps=self.rfa.rfa_eps,
             abs_denominator=self.rfa.rfa_cross_abs_denominator,
+            norm_rescale=self.rfa.rfa_cross_norm_rescale,
             recompute=self.rfa.rfa_recompute,
         )
 

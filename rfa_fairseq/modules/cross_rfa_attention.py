@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ..ops import cross_rfa_apply, cross_rfa_state, cross_rfa_weights
+from ..ops import cross_rfa_apply, cross_rfa_state, cross_rfa_weights, key_norm_weights
 from ..ops.denominator import DEFAULT_EPS
 from .heads import merge_heads, split_heads
 from .random_feature_map import RandomFeatureMap
@@ -33,14 +33,16 @@ class CrossRFAttention(RFAttentionBase):
             for the backward pass and compute the features, the summary and its readout again
             there (as :class:`CausalRFAttention` does); not when attention weights are asked for.
         abs_denominator: clamp ``|phi(q) . z|`` rather than ``phi(q) . z`` (the authors' code).
+        norm_rescale: weight each key's features by ``exp(|k|^2 / 2K)`` (``ops.key_norm_weights``).
     """
 
     STATE_KEY = "rfa_cross_state"
 
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, kdim: Optional[int] = None,
-                 bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False, abs_denominator: bool = False):
+                 bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False, abs_denominator: bool = False,
+                 norm_rescale: bool = False):
         super().__init__(embed_dim, num_heads, feature_map, kdim=kdim, bias=bias, eps=eps, recompute=recompute)
-        self.abs_denominator = abs_denominator
+        self.abs_denominator, self.norm_rescale = abs_denominator, norm_rescale
         self.beam_size = 1
 
     def set_beam_size(self, beam_size: int):
@@ -71,7 +73,7 @@ class CrossRFAttention(RFAttentionBase):
             key, value = key[:, ::rows], value[:, ::rows]
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask[::rows]
-        k = self.feature_map(split_heads(self.k_proj(key), self.num_heads))
+        k = self._key_features(split_heads(self.k_proj(key), self.num_heads), key_padding_mask)
         v = split_heads(self.v_proj(value), self.num_heads)
         saved: Dict[str, Optional[Tensor]] = {"rows_per_source": torch.tensor([rows]),
                                               "Sz": cross_rfa_state(k, v, key_padding_mask, packed=True)}
@@ -139,9 +141,15 @@ class CrossRFAttention(RFAttentionBase):
                random_matrix: Optional[Tensor] = None) -> Tensor:
         """Heads in, attention out ``[B, H, Tq, K]`` (a call without a decoding state or weights):
         features, the source summary, its readout."""
-        Sz = cross_rfa_state(self.feature_map(k, random_matrix), v, key_padding_mask, packed=True)
+        Sz = cross_rfa_state(self._key_features(k, key_padding_mask, random_matrix), v, key_padding_mask, packed=True)
         return cross_rfa_apply(self.feature_map(q, random_matrix), Sz, eps=self.eps, out_dtype=out_dtype,
                                absolute=self.abs_denominator)
+
+    def _key_features(self, k: Tensor, key_padding_mask: Optional[Tensor],
+                      random_matrix: Optional[Tensor] = None) -> Tensor:
+        """phi(k) ``[B, H, S, F]`` from the key heads, weighted by the keys' norms with ``norm_rescale``."""
+        features = self.feature_map(k, random_matrix)
+        return features * key_norm_weights(k, key_padding_mask) if self.norm_rescale else features
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         saved = self.get_incremental_state(incremental_state, self.STATE_KEY)

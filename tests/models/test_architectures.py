@@ -75,13 +75,13 @@ def test_unknown_choices_rejected_by_parser(lm_model, translation_model, capsys,
 
 def test_gate_flags_reach_the_modules(translation_model, lm_model):
     """--rfa-gate-bias sets the gate's starting value, --rfa-gate-form its form, and
-    --rfa-cross-abs-denominator the cross attention's guard."""
+    --rfa-cross-abs-denominator the cross attention's guard, --rfa-cross-norm-rescale its key weights."""
     import math
 
     _, model = translation_model("--rfa-gate", "--rfa-gate-form", "decay", "--rfa-gate-bias", "2",
-                                 "--rfa-cross-abs-denominator")
+                                 "--rfa-cross-abs-denominator", "--rfa-cross-norm-rescale")
     for layer in model.decoder.layers:
-        assert not layer.self_attn.convex and layer.encoder_attn.abs_denominator
+        assert not layer.self_attn.convex and layer.encoder_attn.abs_denominator and layer.encoder_attn.norm_rescale
         assert torch.equal(layer.self_attn.gate_proj.bias, torch.full((layer.self_attn.num_heads,), 2.0))
         g0 = torch.sigmoid(layer.self_attn.gate_proj(torch.zeros(1, layer.self_attn.embed_dim)))
         torch.testing.assert_close(g0, torch.full_like(g0, 1 / (1 + math.exp(-2))))

@@ -1,4 +1,4 @@
 from .naive import naive_cross_rfa
-from .state import cross_rfa_apply, cross_rfa_state, cross_rfa_weights
+from .state import cross_rfa_apply, cross_rfa_state, cross_rfa_weights, key_norm_weights
 
-__all__ = ["naive_cross_rfa", "cross_rfa_apply", "cross_rfa_state", "cross_rfa_weights"]
+__all__ = ["naive_cross_rfa", "cross_rfa_apply", "cross_rfa_state", "cross_rfa_weights", "key_norm_weights"]

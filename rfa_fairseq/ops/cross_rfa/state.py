@@ -31,6 +31,23 @@ def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = N
     return Sz if packed else unpack_state(Sz)
 
 
+def key_norm_weights(k: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+    """A positive weight per key from its norm before the feature map normalises it away:
+    ``exp(|k|^2 / 2K)``, divided by its largest value over the non-padding keys of each source
+    and head (a constant that cancels in the attention ratio and keeps the weights <= 1).
+
+    Multiplying ``phi(k_j)`` by it (rfa-doc-mt's ``--norm-rescale``) turns RFA's estimate of
+    ``exp(-sigma^2 |q - k_j|^2 / 2)`` on unit vectors into a weighted one: a key's norm, which
+    the unit normalisation otherwise discards, sets how much it is attended to.
+
+    k: ``[B, H, S, K]`` (heads before the feature map); returns ``[B, H, S, 1]`` in fp32."""
+    log_w = k.to(compute_dtype(k)).pow(2).sum(-1, keepdim=True) / (2 * k.shape[-1])
+    if key_padding_mask is not None:
+        log_w = log_w.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), float("-inf"))
+    top = log_w.amax(dim=2, keepdim=True).clamp_min(torch.finfo(log_w.dtype).min).detach()
+    return torch.exp(log_w - top)
+
+
 def _group(q: Tensor, num_sources: int) -> Tensor:
     B = q.shape[0]
     if B % num_sources != 0:
