@@ -7,6 +7,10 @@ only looks back), so the decoder's future mask adds nothing and is only checked 
 Incremental decoding keeps one recurrent state per layer, ``S [B, H, F, K]`` and ``z [B, H, F]``
 packed as one fp32 tensor ``[S | z]`` of shape ``[B, H, F, K + 1]`` (``ops.causal_rfa.recurrent``):
 its size does not depend on how many tokens have been decoded.
+
+A stateful language model (``tasks/stateful_lm.py``) gives each module a :class:`CarriedState`:
+whole-sequence calls then start from the state the previous block of the same text left behind
+and leave their own final state there, detached (truncated backpropagation through time).
 """
 from typing import Optional, Tuple
 
@@ -23,6 +27,22 @@ from .random_feature_map import RandomFeatureMap
 from .rfa_attention_base import IncrementalState, RFAttentionBase, init_projection
 
 GATE_FORMS = ("convex", "decay")
+
+
+class CarriedState:
+    """The state a stateful language model carries from one block of its text streams to the next.
+
+    ``state``: the packed ``Sz [B, H, F, K + 1]`` (fp32, detached; one row per stream) left by the
+    last block, or None before the first. ``random_matrix``: the feature map's draw the state was
+    built with. phi(q) can only read a state written with phi(k) of the same draw (with two
+    independent draws the sum of phi(q).phi(k) estimates no kernel), so while a state is carried
+    the module keeps that draw: in training the draw is renewed whenever the state starts afresh
+    (the task starts every stream at the start of each epoch), not at every update.
+    """
+
+    def __init__(self):
+        self.state: Optional[Tensor] = None
+        self.random_matrix: Optional[Tensor] = None
 
 
 class CausalRFAttention(RFAttentionBase):
@@ -55,6 +75,7 @@ class CausalRFAttention(RFAttentionBase):
         if self.gate_proj is not None:
             init_projection(self.gate_proj)
             nn.init.constant_(self.gate_proj.bias, gate_bias)
+        self.carry: Optional[CarriedState] = None  # set by a stateful task, see CarriedState
 
     def _heads(self, x: Tensor, key_padding_mask: Optional[Tensor]):
         """The heads ``q, k, v [B, H, T, K]`` (before the feature map), ``log g [B, H, T]`` (or
@@ -89,10 +110,18 @@ class CausalRFAttention(RFAttentionBase):
         return q, k, v, log_g
 
     def _chunked(self, q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor], pad: Optional[Tensor],
-                 random_matrix: Optional[Tensor] = None) -> Tensor:
-        """The whole sequence at once (training, scoring): features, then the chunked form."""
+                 random_matrix: Optional[Tensor] = None, initial_state: Optional[Tensor] = None,
+                 output_final_state: bool = False):
+        """The whole sequence at once (training, scoring): features, then the chunked form.
+        ``initial_state``: a packed ``Sz`` to start from; with ``output_final_state`` the packed
+        final state is returned too, as ``(out, Sz)``."""
         q, k = self._features(q, k, pad, random_matrix)
-        return chunk_causal_rfa(q, k, v, log_g, eps=self.eps, chunk_size=self.chunk_size, convex=self.convex)
+        result = chunk_causal_rfa(q, k, v, log_g, initial_state=None if initial_state is None else unpack_state(initial_state),
+                                  output_final_state=output_final_state, eps=self.eps, chunk_size=self.chunk_size,
+                                  convex=self.convex)
+        if output_final_state:
+            return result[0], pack_state(*result[1])
+        return result
 
     def forward(
         self,
@@ -123,13 +152,27 @@ class CausalRFAttention(RFAttentionBase):
             out = self._decode(incremental_state, *self._project(query, key_padding_mask))
             return self.out_proj(merge_heads(out)), None
         q, k, v, log_g, pad = self._heads(query, key_padding_mask)
+        carry = self.carry
+        matrix = initial = None
+        if carry is not None:
+            if carry.state is None:
+                carry.random_matrix = self.feature_map.matrix_for_recompute()  # this step's draw
+            elif carry.state.size(0) != B:
+                raise ValueError(f"the carried RFA state has {carry.state.size(0)} rows but this batch has {B}: "
+                                 "each row of a stateful batch continues one text stream")
+            matrix, initial = carry.random_matrix, carry.state
         if self.recompute and torch.is_grad_enabled():
             # Keep only the heads for the backward pass and compute the features and the
             # chunked form again there (see ``recompute``).
-            out = checkpoint(self._chunked, q, k, v, log_g, pad, self.feature_map.matrix_for_recompute(),
+            if matrix is None:
+                matrix = self.feature_map.matrix_for_recompute()
+            out = checkpoint(self._chunked, q, k, v, log_g, pad, matrix, initial, carry is not None,
                              use_reentrant=False, preserve_rng_state=False)
         else:
-            out = self._chunked(q, k, v, log_g, pad)
+            out = self._chunked(q, k, v, log_g, pad, matrix, initial, carry is not None)
+        if carry is not None:
+            out, final = out
+            carry.state = final.detach()
         return self.out_proj(merge_heads(out)), None
 
     def _decode(self, incremental_state: IncrementalState, q: Tensor, k: Tensor, v: Tensor,

@@ -171,16 +171,41 @@ def test_recurrent_steps_match_naive(gen, T, Fd, K, gate, chunk, features, init,
     assert_same_run(got, ref, rtol, rtol, floor)
 
 
+@pytest.mark.parametrize("gate", [pytest.param(False, id="plain"), pytest.param(True, id="gate"),
+                                  pytest.param("decay", id="decay")])
 @pytest.mark.parametrize("chunk", [pytest.param(c, id=f"C{c}") for c in (1, 5, 16, 64, 100)])
-def test_chunk_is_a_resumable_scan(gen, chunk):
-    """Two chunk calls chained through the returned state equal one call over the whole sequence."""
-    q, k, v, log_g, state = make_inputs(gen, 90, 60, 5, True, True)
-    whole, (S, z) = run_chunk(chunk)(q, k, v, log_g, state)
-    o1, st = run_chunk(chunk)(q[:, :, :37], k[:, :, :37], v[:, :, :37], log_g[:, :, :37], state)
-    o2, (S2, z2) = run_chunk(chunk)(q[:, :, 37:], k[:, :, 37:], v[:, :, 37:], log_g[:, :, 37:], st)
+def test_chunk_is_a_resumable_scan(gen, chunk, gate):
+    """Two chunk calls chained through the returned state equal one call over the whole sequence
+    (what a stateful language model does from one block to the next)."""
+    q, k, v, log_g, state = make_inputs(gen, 90, 60, 5, gate, True)
+    scan = run_chunk(chunk, convex=gate != "decay")
+    part = lambda x, a, b: None if x is None else x[:, :, a:b]  # noqa: E731
+    whole, (S, z) = scan(q, k, v, log_g, state)
+    o1, st = scan(part(q, 0, 37), part(k, 0, 37), part(v, 0, 37), part(log_g, 0, 37), state)
+    o2, (S2, z2) = scan(part(q, 37, 90), part(k, 37, 90), part(v, 37, 90), part(log_g, 37, 90), st)
     assert_close(torch.cat([o1, o2], dim=2), whole, name="out")
     assert_close(S2, S, name="S")
     assert_close(z2, z, name="z")
+
+
+@pytest.mark.parametrize("gate", [pytest.param(False, id="plain"), pytest.param(True, id="gate"),
+                                  pytest.param("decay", id="decay")])
+@pytest.mark.parametrize("T,chunk", [pytest.param(7, 16, id="T7-C16"), pytest.param(16, 16, id="T16-C16"),
+                                     pytest.param(40, 16, id="T40-C16")])
+def test_chunk_output_alone_matches_naive(gen, T, chunk, gate):
+    """Training asks for the output only (no state in or out): a single chunk then skips the
+    state altogether. Output and gradients against the naive loop."""
+    q, k, v, log_g, _ = make_inputs(gen, T, 60, 5, gate, False)
+    convex = gate != "decay"
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v) + (() if log_g is None else (log_g,))]
+    lg = leaves[3] if log_g is not None else None
+    out = chunk_causal_rfa(*leaves[:3], lg, chunk_size=chunk, convex=convex)
+    ref = naive_causal_rfa(*leaves[:3], lg, convex=convex)
+    assert_close(out, ref, name="out")
+    cot = torch.randn(out.shape, generator=gen)
+    for name, a, b in zip("qkvg", torch.autograd.grad((out * cot).sum(), leaves),
+                          torch.autograd.grad((ref * cot).sum(), leaves)):
+        assert_close(a, b, name=f"grad {name}", floor=1e-6)
 
 
 # ------------------------------------------------------------------------------ padding

@@ -1,0 +1,230 @@
+"""Task ``rfa_stateful_lm``: RFA language models that carry their recurrent state across blocks.
+
+The text of a split is cut into blocks of ``--tokens-per-sample`` tokens exactly as fairseq's
+``language_modeling`` task cuts it (``--sample-break-mode none``: same inputs, same targets, every
+token a target once), then laid out as ``rows x L`` contiguous streams: with ``R`` rows in all
+(``--batch-size`` per process times the number of processes), row ``r`` holds blocks
+``r L .. r L + L - 1`` and batch ``i`` is column ``i`` (fairseq's ``truncated_bptt_lm`` example does
+the same). Each process takes its own ``--batch-size`` consecutive rows, so every rank has its own
+contiguous streams and the same number of batches. The last rows are padded where the text runs out.
+
+Each causal RFA module of the model gets a :class:`CarriedState` per stream: a batch starts from
+the state the previous batch of its stream left behind, and leaves its own, detached (truncated
+backpropagation through time). Train and each valid split are separate streams; a stream starts
+from zero at its first batch, so at the start of every epoch and validation, and after a resume
+(the data position is kept by fairseq's iterator; the state is not saved in checkpoints).
+
+Positions: fairseq's positional embeddings restart at every block (1 .. tokens-per-sample), as in
+training without state; the history beyond the block reaches the model only through the carried
+state. So a model trained with or without state evaluates either way, at any block length up to
+the one it was built for.
+
+``fairseq-eval-lm`` calls the model directly, batch after batch in order: the task gives the
+model one stream's carries when it builds it, so evaluation carries the state from the first
+block to the last (one stream unless ``--batch-size`` says more).
+"""
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import torch
+from fairseq import utils
+from fairseq.data import Dictionary, FairseqDataset, TokenBlockDataset, data_utils, iterators
+from fairseq.data.indexed_dataset import get_available_dataset_impl
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+from omegaconf import II
+
+from ..modules.causal_rfa_attention import CarriedState, CausalRFAttention
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StatefulLMConfig(FairseqDataclass):
+    data: Optional[str] = field(
+        default=None, metadata={"help": "data directory (fairseq-preprocess --only-source output: dict.txt, train.*, ...)"}
+    )
+    tokens_per_sample: int = field(
+        default=512,
+        metadata={"help": "block length: tokens per row of a batch (backpropagation reaches this far back; "
+                          "the carried state reaches back to the start of the stream)"},
+    )
+    max_target_positions: Optional[int] = field(
+        default=None, metadata={"help": "positions the model is built for (default: --tokens-per-sample)"}
+    )
+    # Read by fairseq's language model config; blocks continue the text, so there is no BOS to add.
+    add_bos_token: bool = field(default=False, metadata={"help": "not supported by rfa_stateful_lm"})
+    dataset_impl: Optional[ChoiceEnum(get_available_dataset_impl())] = II("dataset.dataset_impl")
+
+
+def causal_rfa_modules(model) -> List[CausalRFAttention]:
+    return [m for m in model.modules() if isinstance(m, CausalRFAttention)]
+
+
+def stream_layout(num_blocks: int, rows: int, num_shards: int = 1, shard_id: int = 0) -> torch.Tensor:
+    """Block indices ``[rows, L]`` of one process: its rows of the ``rows * num_shards`` contiguous
+    streams, ``L = ceil(num_blocks / (rows * num_shards))``; -1 where the text has run out."""
+    if rows < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {rows}")
+    if not 0 <= shard_id < num_shards:
+        raise ValueError(f"shard {shard_id} out of {num_shards}")
+    total_rows = rows * num_shards
+    length = -(-num_blocks // total_rows)
+    blocks = torch.arange(total_rows * length).view(total_rows, length)
+    blocks[blocks >= num_blocks] = -1
+    return blocks[shard_id * rows:(shard_id + 1) * rows]
+
+
+class TextBlocks(FairseqDataset):
+    """The blocks of one split in text order, each ``(source, target)``, and the split's name
+    (the stream the carried states belong to)."""
+
+    def __init__(self, blocks: TokenBlockDataset, name: str):
+        self.blocks, self.name = blocks, name
+
+    def __getitem__(self, index):
+        source, target, _ = self.blocks[index]
+        return source, target
+
+    def __len__(self):
+        return len(self.blocks)
+
+
+class StreamBatches(torch.utils.data.Dataset):
+    """Item ``i`` is batch ``i``: column ``i`` of a :func:`stream_layout`."""
+
+    def __init__(self, text: TextBlocks, layout: torch.Tensor):
+        self.text, self.layout = text, layout
+
+    def __getitem__(self, i):
+        blocks = self.layout[:, i]
+        return i, blocks, [self.text[b] if b >= 0 else None for b in blocks.tolist()]
+
+    def __len__(self):
+        return self.layout.size(1)
+
+
+@register_task("rfa_stateful_lm", dataclass=StatefulLMConfig)
+class StatefulLanguageModelingTask(FairseqTask):
+    """Language modelling over contiguous streams with the RFA state carried across batches."""
+
+    def __init__(self, cfg: StatefulLMConfig, dictionary: Dictionary):
+        super().__init__(cfg)
+        if cfg.add_bos_token:
+            raise ValueError("--add-bos-token is not supported by --task rfa_stateful_lm: blocks continue the text")
+        self.dictionary = dictionary
+        self.carries = {}  # stream name -> one CarriedState per causal RFA module
+
+    @classmethod
+    def setup_task(cls, cfg: StatefulLMConfig, **kwargs):
+        if not cfg.data:
+            raise ValueError("--task rfa_stateful_lm needs the data directory")
+        dictionary = Dictionary.load(os.path.join(utils.split_paths(cfg.data)[0], "dict.txt"))
+        logger.info(f"dictionary: {len(dictionary)} types")
+        return cls(cfg, dictionary)
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary
+
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super().build_model(cfg, from_checkpoint)
+        modules = causal_rfa_modules(model)
+        if not modules:
+            arch = getattr(cfg, "arch", None) or getattr(cfg, "_name", None) or type(model).__name__
+            raise ValueError(
+                f"--task rfa_stateful_lm carries the recurrent state of RFA attention, and this model ({arch}) has "
+                "no RFA attention: use an rfa_transformer_lm architecture, train a softmax model with --task "
+                "language_modeling, or convert a softmax checkpoint with scripts/convert_from_softmax.py"
+            )
+        # fairseq-eval-lm calls the model without the task: one stream, carried through the whole pass.
+        for m in modules:
+            m.carry = CarriedState()
+        return model
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = utils.split_paths(self.cfg.data)
+        split_path = os.path.join(paths[(epoch - 1) % len(paths)], split)
+        tokens = data_utils.load_indexed_dataset(split_path, self.dictionary, self.cfg.dataset_impl, combine=combine)
+        if tokens is None:
+            raise FileNotFoundError(f"Dataset not found: {split} ({split_path})")
+        blocks = TokenBlockDataset(tokens, tokens.sizes, self.cfg.tokens_per_sample, pad=self.dictionary.pad(),
+                                   eos=self.dictionary.eos(), break_mode="none", include_targets=True)
+        self.datasets[split] = TextBlocks(blocks, split)
+
+    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
+                           ignore_invalid_inputs=False, required_batch_size_multiple=1, seed=1, num_shards=1,
+                           shard_id=0, num_workers=0, epoch=1, data_buffer_size=0, disable_iterator_cache=False,
+                           skip_remainder_batch=False, grouped_shuffling=False, update_epoch_batch_itr=False):
+        """Batches in stream order, never shuffled (each row continues the previous batch's row).
+        ``max_sentences`` (``--batch-size``) is the number of streams of this process; ``max_tokens``
+        plays no part."""
+        if max_sentences is None:
+            raise ValueError("--task rfa_stateful_lm needs --batch-size: the number of text streams per process "
+                             "(each row of a batch continues one stream)")
+        if isinstance(max_positions, int) and self.cfg.tokens_per_sample > max_positions:
+            raise ValueError(f"--tokens-per-sample {self.cfg.tokens_per_sample} exceeds the model's {max_positions} "
+                             "positions; with the carried state a shorter block loses no context")
+        layout = stream_layout(len(dataset), max_sentences, num_shards, shard_id)
+        return iterators.EpochBatchIterator(
+            dataset=StreamBatches(dataset, layout),
+            collate_fn=lambda items: self.collate(items, dataset.name),
+            batch_sampler=[[i] for i in range(layout.size(1))],
+            epoch=epoch,
+            num_workers=num_workers,
+            buffer_size=data_buffer_size,
+            disable_shuffling=True,
+            skip_remainder_batch=skip_remainder_batch,
+        )
+
+    def collate(self, items, stream: str):
+        """One batch: the rows' blocks right-padded to the longest (a row whose text has run out is
+        one pad). ``stream`` and ``block`` (the column) tell train_step/valid_step which carried
+        states continue here."""
+        (block, ids, pairs), = items
+        pad = self.dictionary.pad()
+        empty = torch.tensor([pad])
+        source = data_utils.collate_tokens([p[0] if p else empty for p in pairs], pad)
+        target = data_utils.collate_tokens([p[1] if p else empty for p in pairs], pad)
+        return {
+            "id": ids,  # block indices in the text (-1: padding)
+            "net_input": {"src_tokens": source, "src_lengths": source.ne(pad).sum(1)},
+            "target": target,
+            "nsentences": len(pairs),
+            "ntokens": int(target.ne(pad).sum()),
+            "stream": stream,
+            "block": block,
+        }
+
+    def use_stream(self, model, sample):
+        """Point the model's causal RFA modules at the carried states of the sample's stream; the
+        stream's first batch, or the first one seen (after a resume), starts from zero."""
+        modules = causal_rfa_modules(model)
+        stream = sample["stream"]
+        if sample["block"] == 0 or stream not in self.carries:
+            self.carries[stream] = [CarriedState() for _ in modules]
+        for module, carry in zip(modules, self.carries[stream]):
+            module.carry = carry
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False, **kwargs):
+        self.use_stream(model, sample)
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad, **kwargs)
+
+    def valid_step(self, sample, model, criterion, **kwargs):
+        self.use_stream(model, sample)
+        return super().valid_step(sample, model, criterion, **kwargs)
+
+    def eval_lm_dataloader(self, dataset, max_tokens=None, batch_size=None, max_positions=None, num_shards=1,
+                           shard_id=0, num_workers=1, data_buffer_size=10, context_window=0):
+        if context_window > 0:
+            raise ValueError("--context-window does not apply to --task rfa_stateful_lm: the carried state holds "
+                             "all the text before each block")
+        return self.get_batch_iterator(dataset, max_sentences=batch_size or 1, max_positions=max_positions,
+                                       num_shards=num_shards, shard_id=shard_id, num_workers=num_workers,
+                                       data_buffer_size=data_buffer_size).next_epoch_itr(shuffle=False)
