@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ..ops import cross_rfa_apply, cross_rfa_state, cross_rfa_weights, key_norm_weights
+from ..ops import (cross_rfa_apply, cross_rfa_quadratic, cross_rfa_state, cross_rfa_weights, key_norm_weights,
+                   quadratic_is_cheaper)
 from ..ops.denominator import DEFAULT_EPS
 from .heads import merge_heads, split_heads
 from .random_feature_map import RandomFeatureMap
@@ -140,10 +141,15 @@ class CrossRFAttention(RFAttentionBase):
     def _whole(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out_dtype: torch.dtype,
                random_matrix: Optional[Tensor] = None) -> Tensor:
         """Heads in, attention out ``[B, H, Tq, K]`` (a call without a decoding state or weights):
-        features, the source summary, its readout."""
-        Sz = cross_rfa_state(self._key_features(k, key_padding_mask, random_matrix), v, key_padding_mask, packed=True)
-        return cross_rfa_apply(self.feature_map(q, random_matrix), Sz, eps=self.eps, out_dtype=out_dtype,
-                               absolute=self.abs_denominator)
+        features, then the source summary and its readout, or the same numbers through the
+        ``[Tq, S]`` feature products where that is cheaper (``ops/cross_rfa/quadratic.py``)."""
+        phi_q = self.feature_map(q, random_matrix)
+        phi_k = self._key_features(k, key_padding_mask, random_matrix)
+        if quadratic_is_cheaper(q.shape[2], k.shape[2], phi_q.shape[-1], v.shape[-1]):
+            return cross_rfa_quadratic(phi_q, phi_k, v, key_padding_mask, eps=self.eps, out_dtype=out_dtype,
+                                       absolute=self.abs_denominator)
+        Sz = cross_rfa_state(phi_k, v, key_padding_mask, packed=True)
+        return cross_rfa_apply(phi_q, Sz, eps=self.eps, out_dtype=out_dtype, absolute=self.abs_denominator)
 
     def _key_features(self, k: Tensor, key_padding_mask: Optional[Tensor],
                       random_matrix: Optional[Tensor] = None) -> Tensor:

@@ -5,7 +5,7 @@ import torch
 
 from rfa_fairseq.modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap
 from rfa_fairseq.modules.heads import merge_heads, split_heads
-from rfa_fairseq.ops import naive_causal_rfa, naive_cross_rfa
+from rfa_fairseq.ops import naive_causal_rfa, naive_cross_rfa, quadratic_is_cheaper
 from rfa_fairseq.ops.denominator import DEFAULT_EPS
 from rfa_fairseq.modules.random_feature_map import draw_seed
 
@@ -46,11 +46,13 @@ def test_causal_module_rejects_cross_use():
         attn(x, y, y)
 
 
+@pytest.mark.parametrize("Tq,S", [(6, 9), (40, 50)], ids=["quadratic-form", "summary-form"])
 @pytest.mark.parametrize("norm_rescale", [False, True], ids=["", "norm-rescale"])
 @pytest.mark.parametrize("recompute", [True, False], ids=["recompute", "store"])
 @pytest.mark.parametrize("weights", [False, True], ids=["", "weights"])
-def test_cross_module_matches_naive_with_padding(recompute, weights, norm_rescale):
-    """The module against the naive loop on its own projections. With ``norm_rescale`` the
+def test_cross_module_matches_naive_with_padding(recompute, weights, norm_rescale, Tq, S):
+    """The module against the naive loop on its own projections, at lengths where it takes the
+    quadratic form and where it takes the summary (``quadratic_is_cheaper``). With ``norm_rescale`` the
     reference weights each key by exp(|k|^2 / 2K) as written, without the module's division by
     the largest weight: that constant must cancel (positive features and a tiny floor, so the
     guard never acts)."""
@@ -59,9 +61,10 @@ def test_cross_module_matches_naive_with_padding(recompute, weights, norm_rescal
     kernel = "favor" if norm_rescale else "gaussian"
     attn = CrossRFAttention(C, H, fmap(1, kernel=kernel), kdim=16, recompute=recompute, eps=eps,
                             norm_rescale=norm_rescale).double().eval()
-    query = torch.randn(6, 3, C, dtype=torch.float64, requires_grad=True)
-    enc = torch.randn(9, 3, 16, dtype=torch.float64, requires_grad=True)
-    mask = _left_pad_mask([9, 5, 2], 9)
+    assert quadratic_is_cheaper(Tq, S, 2 * 40, C // H) == (Tq == 6)
+    query = torch.randn(Tq, 3, C, dtype=torch.float64, requires_grad=True)
+    enc = torch.randn(S, 3, 16, dtype=torch.float64, requires_grad=True)
+    mask = _left_pad_mask([S, 5, 2], S)
     out, w = attn(query, enc, enc, key_padding_mask=mask, need_weights=weights)
     assert (w is not None) == weights
     q = attn.feature_map(split_heads(attn.q_proj(query), H))

@@ -9,9 +9,11 @@ import torch
 
 from rfa_fairseq.ops import (
     cross_rfa_apply,
+    cross_rfa_quadratic,
     cross_rfa_state,
     cross_rfa_weights,
     naive_cross_rfa,
+    quadratic_is_cheaper,
 )
 from rfa_fairseq.ops.denominator import DEFAULT_EPS
 
@@ -83,6 +85,40 @@ def test_state_path_matches_naive(gen, B, Tq, S, Fd, K, pattern, dtype, rtol, fl
         assert torch.where(pad4, g_out[1], 0).abs().max() == 0
         assert torch.where(pad4, g_out[2], 0).abs().max() == 0
         assert g_out[1].abs().max() > 0
+
+
+@pytest.mark.parametrize("absolute", [False, True], ids=["", "abs"])
+@pytest.mark.parametrize("dtype,rtol,floor", PRECISIONS)
+@pytest.mark.parametrize("pattern", MASKS)
+@pytest.mark.parametrize("B,Tq,S,Fd,K", SHAPES)
+def test_quadratic_form_matches_naive(gen, B, Tq, S, Fd, K, pattern, dtype, rtol, floor, absolute):
+    """The [Tq, S] form (training at sentence lengths) computes the state path's numbers."""
+    if S == 1 and pattern != "none":
+        pattern = "none"
+    # Signed features in fp64 make the guard act (negative and tiny denominators); in fp32 they
+    # would make the gradients too ill-conditioned to compare, so positive features there.
+    features = torch.randn if dtype == torch.float64 else lambda *shape, generator: positive_features(generator, *shape)
+    q = features(B, H, Tq, Fd, generator=gen).to(dtype).requires_grad_(True)
+    k = features(B, H, S, Fd, generator=gen).to(dtype).requires_grad_(True)
+    v = torch.randn(B, H, S, K, generator=gen).to(dtype).requires_grad_(True)
+    mask = make_mask(pattern, B, S, gen)
+    ref = naive_cross_rfa(q, k, v, mask, absolute=absolute)
+    out = cross_rfa_quadratic(q, k, v, mask, absolute=absolute)
+    assert out.dtype == dtype
+    assert_close(out, ref, rtol, "out")
+    cot = torch.randn(B, H, Tq, K, generator=gen, dtype=torch.float64).to(dtype)
+    for name, a, b in zip("qkv", torch.autograd.grad((out * cot).sum(), (q, k, v)),
+                          torch.autograd.grad((ref * cot).sum(), (q, k, v))):
+        assert_close(a, b, rtol, f"grad {name}", floor)
+
+
+def test_quadratic_is_cheaper_where_the_lengths_are_short():
+    """Sentence lengths against the default feature sizes take the quadratic form; long sources
+    and targets the summary."""
+    assert quadratic_is_cheaper(20, 20, 256, 64)
+    assert quadratic_is_cheaper(30, 25, 128, 64)
+    assert not quadratic_is_cheaper(200, 200, 256, 64)
+    assert not quadratic_is_cheaper(512, 60, 256, 64)
 
 
 @pytest.mark.parametrize("pattern", ["right", "left", "random"])

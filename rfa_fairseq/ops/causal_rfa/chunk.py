@@ -62,20 +62,23 @@ def chunk_causal_rfa(
     vf = _pad_time(v1, pad).view(B, H, N, C, K + 1)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
 
-    if initial_state is None:
-        state0 = qf.new_zeros(B, H, Fd, K + 1)
-    else:
+    # One chunk with nothing before it and no state asked for (training on sentences): the
+    # intra-chunk part is the whole answer, and the state would cost more than it.
+    intra_only = N == 1 and initial_state is None and not output_final_state
+    if initial_state is not None:
         state0 = torch.cat([initial_state[0].to(acc), initial_state[1].to(acc).unsqueeze(-1)], dim=-1)
-
+    elif not intra_only:
+        state0 = qf.new_zeros(B, H, Fd, K + 1)
     if log_g is None:
         kf = kf.view(B, H, N, C, Fd)
         attn = (qf @ kf.transpose(-1, -2)).masked_fill(~causal, 0.0)
-        intra = attn @ vf
-        chunk_kv = kf.transpose(-1, -2) @ vf  # [B, H, N, F, K+1]
-        inclusive = torch.cumsum(chunk_kv, dim=2) + state0.unsqueeze(2)
-        before = torch.cat([state0.unsqueeze(2), inclusive[:, :, :-1]], dim=2)
-        o = intra + qf @ before
-        final = inclusive[:, :, -1]
+        o = attn @ vf
+        if not intra_only:
+            chunk_kv = kf.transpose(-1, -2) @ vf  # [B, H, N, F, K+1]
+            inclusive = torch.cumsum(chunk_kv, dim=2) + state0.unsqueeze(2)
+            before = torch.cat([state0.unsqueeze(2), inclusive[:, :, :-1]], dim=2)
+            o = o + qf @ before
+            final = inclusive[:, :, -1]
     else:
         lg = _pad_time(log_g.to(acc), pad).view(B, H, N, C)
         # Cumulative log-gates and their differences in fp64: in fp32 a long chunk of small gates
@@ -89,23 +92,24 @@ def chunk_causal_rfa(
         kc = kf.view(B, H, N, C, Fd)
         diff = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
         attn = (qf @ kc.transpose(-1, -2)) * (torch.exp(diff).to(acc) * write.unsqueeze(-2))
-        intra = attn @ vf
-        b_last = b[..., -1:]
-        chunk_kv = (kc * (torch.exp(b_last - b).to(acc) * write).unsqueeze(-1)).transpose(-1, -2) @ vf
-        # The state entering chunk n (n = 0..N; n = N is the final state) in one matmul rather
-        # than a loop over chunks: with p_n = sum of the log-decays of chunks < n (fp64),
-        # S_n = sum_{m < n} exp(p_n - p_{m+1}) chunk_kv_m + exp(p_n) S_0. Exponents are masked
-        # to -inf where m >= n before exp, so every factor is in [0, 1].
-        p = torch.nn.functional.pad(torch.cumsum(b_last.squeeze(-1), dim=-1), (1, 0))  # [B, H, N+1]
-        strictly_before = torch.ones(N + 1, N, dtype=torch.bool, device=q.device).tril(-1)
-        weights = torch.exp((p.unsqueeze(-1) - p[..., 1:].unsqueeze(-2)).masked_fill(~strictly_before, float("-inf")))
-        states = (weights.to(acc) @ chunk_kv.flatten(-2)).view(B, H, N + 1, Fd, K + 1)
-        if initial_state is not None:
-            states = states + torch.exp(p).to(acc)[..., None, None] * state0.unsqueeze(2)
-        before, final = states[:, :, :N], states[:, :, N]
-        # the decay from the chunk start to position i, applied to the [C, K + 1] result rather
-        # than to the [C, F] queries
-        o = intra + torch.exp(b).to(acc).unsqueeze(-1) * (qf @ before)
+        o = attn @ vf
+        if not intra_only:
+            b_last = b[..., -1:]
+            chunk_kv = (kc * (torch.exp(b_last - b).to(acc) * write).unsqueeze(-1)).transpose(-1, -2) @ vf
+            # The state entering chunk n (n = 0..N; n = N is the final state) in one matmul rather
+            # than a loop over chunks: with p_n = sum of the log-decays of chunks < n (fp64),
+            # S_n = sum_{m < n} exp(p_n - p_{m+1}) chunk_kv_m + exp(p_n) S_0. Exponents are masked
+            # to -inf where m >= n before exp, so every factor is in [0, 1].
+            p = torch.nn.functional.pad(torch.cumsum(b_last.squeeze(-1), dim=-1), (1, 0))  # [B, H, N+1]
+            strictly_before = torch.ones(N + 1, N, dtype=torch.bool, device=q.device).tril(-1)
+            weights = torch.exp((p.unsqueeze(-1) - p[..., 1:].unsqueeze(-2)).masked_fill(~strictly_before, float("-inf")))
+            states = (weights.to(acc) @ chunk_kv.flatten(-2)).view(B, H, N + 1, Fd, K + 1)
+            if initial_state is not None:
+                states = states + torch.exp(p).to(acc)[..., None, None] * state0.unsqueeze(2)
+            before, final = states[:, :, :N], states[:, :, N]
+            # the decay from the chunk start to position i, applied to the [C, K + 1] result rather
+            # than to the [C, F] queries
+            o = o + torch.exp(b).to(acc).unsqueeze(-1) * (qf @ before)
 
     o = o.reshape(B, H, N * C, K + 1)[:, :, :T]
     out = guarded_ratio(o[..., :K], o[..., K], eps, v.dtype)
