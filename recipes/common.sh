@@ -13,12 +13,17 @@
 #   SMOKE=1              tiny offline run on data made from data/multi30k (see recipes/README.md)
 #   RFA_USE_CURRENT_ENV=1  use the active Python environment instead of .venv (as scripts/quickstart.sh)
 #   RFA_VENV             the virtual environment to activate (default .venv in the repository)
+#
+# Arrays that may be empty are expanded as ${A[@]+"${A[@]}"}: bash before 4.4 treats "${A[@]}" of
+# an empty array as an unbound variable under set -u.
 set -euo pipefail
 
 RECIPES=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$RECIPES")
 USER_DIR=$ROOT/rfa_fairseq
 SMOKE=${SMOKE:-0}
+SEED=${SEED:-1}
+SIZE_ARGS=()
 MULTI30K=$ROOT/data/multi30k
 
 log() { printf '[%s] [%s] %s\n' "$(date '+%Y-%m-%d %H:%M:%S')" "${TASK:-recipes}" "$*" >&2; }
@@ -73,49 +78,100 @@ step() {
   log "step $_step: done in $((SECONDS - _t0)) s"
 }
 
-# set_variant VARIANT SOFTMAX_ARCH RFA_ARCH [--rfa-* flags]: the variant switch. Sets VARIANT,
-# ARCH and RFA_ARGS (an array: the given --rfa-* flags, plus --rfa-gate for rfa_gate; empty for
-# softmax, which runs fairseq's own architecture with the same command otherwise).
+# The variants every recipe offers: fairseq's softmax model, and the RFA model with the flags below
+# (added to the task's --rfa-* flags). rfa and rfa_gate use the plugin's defaults for everything
+# else; rfa_gate_paper pins the gate of the paper (convex form, bias 0) whatever those defaults
+# become; the others are the paper's ablations (arc-cosine kernel, phi_elu of Katharopoulos et
+# al.) and Performer's positive features.
+VARIANTS="softmax rfa rfa_gate rfa_gate_paper rfa_arccos rfa_gate_arccos rfa_elu rfa_favor"
+variant_flags() {
+  case $1 in
+    rfa) ;;
+    rfa_gate) echo --rfa-gate ;;
+    rfa_gate_paper) echo --rfa-gate --rfa-gate-form convex --rfa-gate-bias 0 ;;
+    rfa_arccos) echo --rfa-kernel arccos ;;
+    rfa_gate_arccos) echo --rfa-kernel arccos --rfa-gate ;;
+    rfa_elu) echo --rfa-kernel elu ;;
+    rfa_favor) echo --rfa-kernel favor ;;
+    *) return 1 ;;
+  esac
+}
+
+# select_size DEFAULT [OTHER...]: SIZE (from the environment, else DEFAULT), checked against the
+# sizes the task offers. SIZE_SUFFIX is empty for the default size and ".SIZE" otherwise: it ends
+# the run name, so that the sizes of one variant never share checkpoints.
+select_size() {
+  local default=$1 s
+  SIZE=${SIZE:-$default} SIZE_SUFFIX=
+  for s in "$@"; do
+    if [ "$s" = "$SIZE" ]; then
+      [ "$SIZE" = "$default" ] || SIZE_SUFFIX=.$SIZE
+      return 0
+    fi
+  done
+  die "SIZE must be one of: $* for $TASK (got '$SIZE')"
+}
+
+# set_variant VARIANT SOFTMAX_ARCH RFA_ARCH [--rfa-* flags of the task]: the variant switch. Sets
+# VARIANT, ARCH, RFA_ARGS (an array: the task's flags plus the variant's; empty for softmax, which
+# runs fairseq's own architecture with the same command otherwise), RUN (the run name: $RUN from
+# the environment, else VARIANT plus the size suffix) and CKPT_DIR=$WORK/checkpoints/$RUN.
 set_variant() {
   VARIANT=${1:-}
-  case $VARIANT in
-    softmax) ARCH=$2; RFA_ARGS=() ;;
-    rfa) ARCH=$3; RFA_ARGS=("${@:4}") ;;
-    rfa_gate) ARCH=$3; RFA_ARGS=("${@:4}" --rfa-gate) ;;
-    *) die "first argument: the variant, one of softmax, rfa, rfa_gate (got '${VARIANT}')" ;;
-  esac
-  CKPT_DIR=$WORK/checkpoints/$VARIANT
-  log "variant $VARIANT: --arch $ARCH ${RFA_ARGS[*]:-}"
+  local flags
+  if [ "$VARIANT" = softmax ]; then
+    ARCH=$2; RFA_ARGS=()
+  elif flags=$(variant_flags "$VARIANT"); then
+    ARCH=$3
+    # shellcheck disable=SC2206
+    RFA_ARGS=("${@:4}" $flags)
+  else
+    die "first argument: the variant, one of ${VARIANTS// /, } (got '${VARIANT}')"
+  fi
+  RUN=${RUN:-$VARIANT${SIZE_SUFFIX:-}}
+  [[ $RUN =~ ^[A-Za-z0-9][A-Za-z0-9._+-]*$ ]] ||
+    die "RUN (the run name) may hold letters, digits and . _ + - and must not start with a sign (got '$RUN')"
+  CKPT_DIR=$WORK/checkpoints/$RUN
+  log "variant $VARIANT, run $RUN: --arch $ARCH ${RFA_ARGS[*]:-}"
 }
 
 # ---------------------------------------------------------------- downloads and raw data
 
-# fetch ARCHIVE CHECK URL...: make $RAW_DIR/CHECK exist. If it already does (an extracted copy
-# given with RAW_DIR), nothing happens; else ARCHIVE is unpacked into $RAW_DIR, after being
-# downloaded from the first URL that answers if it is not there yet (wget -c resumes a partial
-# download). CHECK.gz counts as CHECK (see cat_text).
+# fetch ARCHIVE CHECK URL...: make $RAW_DIR/CHECK (or CHECK.gz: see cat_text) exist. If it already
+# does (an extracted copy given with RAW_DIR), nothing happens; else ARCHIVE is unpacked into
+# $RAW_DIR, after being downloaded from the first URL that answers if it is not there yet (a
+# partial download is continued).
 fetch() {
   local archive=$1 check=$2; shift 2
-  if [ -e "$RAW_DIR/$check" ] || [ -e "$RAW_DIR/$check.gz" ]; then
+  if has_text "$RAW_DIR/$check"; then
     log "found $RAW_DIR/$check, no download"
     return 0
   fi
   mkdir -p "$RAW_DIR"
-  if [ ! -f "$RAW_DIR/$archive" ]; then
-    local url ok=0 progress=dot:giga
-    [ -t 2 ] && progress=bar:force:noscroll
-    for url in "$@"; do
-      log "downloading $url"
-      if wget -c --tries=3 --timeout=60 --progress="$progress" -O "$RAW_DIR/$archive.part" "$url"; then
-        mv "$RAW_DIR/$archive.part" "$RAW_DIR/$archive"; ok=1; break
-      fi
-      [ -s "$RAW_DIR/$archive.part" ] || rm -f "$RAW_DIR/$archive.part"
-      log "download from $url failed"
-    done
-    [ "$ok" = 1 ] || die "could not download $archive (offline?). Download it from one of: $* into $RAW_DIR (or give an extracted copy with RAW_DIR=...) and run again."
-  fi
+  [ -f "$RAW_DIR/$archive" ] || download "$RAW_DIR/$archive" "$@"
   unpack "$RAW_DIR/$archive" "$RAW_DIR"
-  [ -e "$RAW_DIR/$check" ] || die "$archive did not contain $check"
+  has_text "$RAW_DIR/$check" || die "$archive did not contain $check (nor $check.gz)"
+}
+
+has_text() { [ -e "$1" ] || [ -e "$1.gz" ]; }
+
+# download FILE URL...: FILE from the first URL that answers (wget, else curl; both resume).
+download() {
+  local file=$1 url progress=dot:giga; shift
+  command -v wget >/dev/null || command -v curl >/dev/null ||
+    die "neither wget nor curl is installed: install one (e.g. apt-get install wget), or download $(basename "$file") from one of: $* into $(dirname "$file") yourself"
+  [ -t 2 ] && progress=bar:force:noscroll
+  for url in "$@"; do
+    log "downloading $url"
+    if command -v wget >/dev/null; then
+      wget -c --tries=3 --timeout=60 --progress="$progress" -O "$file.part" "$url" && { mv "$file.part" "$file"; return 0; }
+    else
+      curl -fL -C - --retry 3 --connect-timeout 60 -o "$file.part" "$url" && { mv "$file.part" "$file"; return 0; }
+    fi
+    [ -s "$file.part" ] || rm -f "$file.part"
+    log "download from $url failed"
+  done
+  die "could not download $(basename "$file") from any of: $* (no network here?). Download it into $(dirname "$file") (or give an extracted copy with RAW_DIR=...) and run again."
 }
 
 unpack() {
@@ -182,7 +238,7 @@ spm_train() {
   local prefix=$1 vocab=$2; shift 2
   log "training a joint sentencepiece model ($vocab pieces) on $(cat "$@" | wc -l) lines; this takes minutes on the full data"
   python "$ROOT/scripts/sentencepiece_tool.py" train --model-prefix "$prefix" --vocab-size "$vocab" \
-    "${SPM_ARGS[@]}" "$@"
+    ${SPM_ARGS[@]+"${SPM_ARGS[@]}"} "$@"
 }
 
 # spm_encode MODEL IN OUT [IN OUT...]: one process per pair, in parallel.
@@ -201,36 +257,56 @@ spm_encode() {
 
 # ---------------------------------------------------------------- training and evaluation
 
-# The number of GPUs training will use: WORLD_SIZE if set (give it for multi-node runs), else the
-# visible GPUs (CUDA_VISIBLE_DEVICES or nvidia-smi), else 1.
-world_size() {
-  if [ -n "${WORLD_SIZE:-}" ]; then echo "$WORLD_SIZE"
-  elif [ "$SMOKE" = 1 ]; then echo 1
-  elif [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
-    local n; n=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c . || true); echo $((n > 0 ? n : 1))
-  elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then nvidia-smi -L | grep -c '^GPU'
-  else echo 1; fi
+# gpu_count: the GPUs torch sees (it honours CUDA_VISIBLE_DEVICES); 0 in smoke mode or without CUDA.
+gpu_count() {
+  if [ "$SMOKE" = 1 ]; then echo 0; return 0; fi
+  if [ -z "${_GPU_COUNT:-}" ]; then
+    _GPU_COUNT=$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+  fi
+  echo "$_GPU_COUNT"
 }
 
-has_gpu() { [ "$SMOKE" != 1 ] && command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
+# world_size [train.sh's extra flags]: the number of GPUs training will use: WORLD_SIZE if set (give
+# it for multi-node runs), else --distributed-world-size among the flags, else the GPUs torch
+# sees, at least 1.
+world_size() {
+  local prev=
+  if [ -n "${WORLD_SIZE:-}" ]; then echo "$WORLD_SIZE"; return 0; fi
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --distributed-world-size=*) echo "${1#*=}"; return 0 ;;
+    esac
+    if [ "$prev" = --distributed-world-size ]; then echo "$1"; return 0; fi
+    prev=$1; shift
+  done
+  local n; n=$(gpu_count)
+  echo $((n > 0 ? n : 1))
+}
 
-# set_batch REF_GPU_BATCHES MAX_TOKENS: UPDATE_FREQ (unless given) such that one update sees about
-# REF_GPU_BATCHES batches of MAX_TOKENS tokens whatever the number of GPUs (the reference setups
-# were trained on 8 GPUs); FP16_ARGS is --fp16 on a GPU (FP16=0 to switch off).
+# set_batch REF_BATCHES GPU_TOKENS UNIT [train.sh's extra flags]: MAX_TOKENS and UPDATE_FREQ such
+# that every update sees the reference batch (REF_BATCHES GPU batches of GPU_TOKENS tokens, the
+# setup the learning rate and the number of updates come from) whatever the number of GPUs; a
+# warning when that cannot be kept (tools/batch_plan.py). MAX_TOKENS or UPDATE_FREQ from the
+# environment are kept as given. FP16_ARGS is --fp16 on a GPU (FP16=0 to switch it off).
 set_batch() {
-  local ref=$1 max_tokens=$2 world
-  world=$(world_size)
-  UPDATE_FREQ=${UPDATE_FREQ:-$(( (ref + world / 2) / world > 0 ? (ref + world / 2) / world : 1 ))}
+  local ref=$1 gpu_tokens=$2 unit=$3 world plan; shift 3
+  world=$(world_size "$@")
+  [[ $world =~ ^[1-9][0-9]*$ ]] || die "the number of GPUs must be a positive integer (WORLD_SIZE / --distributed-world-size), got '$world'"
+  plan=$(python "$RECIPES/tools/batch_plan.py" --ref-batches "$ref" --gpu-tokens "$gpu_tokens" --unit "$unit" \
+    --world "$world" ${MAX_TOKENS:+--max-tokens "$MAX_TOKENS"} ${UPDATE_FREQ:+--update-freq "$UPDATE_FREQ"}) ||
+    die "no batch plan for MAX_TOKENS='${MAX_TOKENS:-}' UPDATE_FREQ='${UPDATE_FREQ:-}'"
+  eval "$plan"
   FP16_ARGS=()
-  if [ "${FP16:-1}" = 1 ] && has_gpu; then FP16_ARGS=(--fp16); fi
-  log "batch: $world GPU(s) x --max-tokens $max_tokens x --update-freq $UPDATE_FREQ = $((world * max_tokens * UPDATE_FREQ)) tokens per update ${FP16_ARGS[*]:-}"
+  if [ "${FP16:-1}" = 1 ] && [ "$(gpu_count)" -gt 0 ]; then FP16_ARGS=(--fp16); fi
+  log "batch: $world GPU(s) x --max-tokens $MAX_TOKENS x --update-freq $UPDATE_FREQ = $BATCH_TOKENS tokens per update (reference $REF_TOKENS) ${FP16_ARGS[*]:-}"
+  [ -z "$BATCH_WARNING" ] || log "WARNING: $BATCH_WARNING"
 }
 
 # train_cmd ARGS...: fairseq-train, or it under a launcher such as torchrun (LAUNCHER="torchrun
 # --nnodes 2 --nproc-per-node 8 ..."); output goes to the terminal and to $WORK/logs/ (pipefail
 # keeps fairseq-train's exit status, which decides whether the step counts as done).
 train_cmd() {
-  local log_file=$WORK/logs/train.$VARIANT.log
+  local log_file=$WORK/logs/train.$RUN.log
   log "fairseq-train log: $log_file"
   if [ -n "${LAUNCHER:-}" ]; then
     # shellcheck disable=SC2086
@@ -240,9 +316,47 @@ train_cmd() {
   fi
 }
 
+# run_identity [train.sh's extra flags]: what makes a run that run: the architecture, the --rfa-*
+# flags, the size's and the user's extra flags and the seed. Launch details (--distributed-*,
+# which differ from node to node) and the batch and update count (which may change on resume)
+# are left out.
+run_identity() {
+  local out=(--arch "$ARCH" ${RFA_ARGS[@]+"${RFA_ARGS[@]}"} ${SIZE_ARGS[@]+"${SIZE_ARGS[@]}"} --seed "$SEED")
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --distributed-*=*) shift ;;
+      --distributed-*) shift; if [ $# -gt 0 ] && [[ $1 != --* ]]; then shift; fi ;;
+      *) out+=("$1"); shift ;;
+    esac
+  done
+  echo "${out[*]}"
+}
+
+# train_run [train.sh's extra flags]: the training step of train.sh, whose function `train` runs
+# fairseq-train with the recipe's flags and then these. The run's identity (run_identity) is kept
+# in $CKPT_DIR/recipe_run.txt: a command that would resume or skip a run started with other
+# settings stops with an error instead. DRY_RUN=1 prints the fairseq-train command and stops.
+train_run() {
+  if [ "${DRY_RUN:-0}" = 1 ]; then
+    train_cmd() { printf '%q ' fairseq-train "$@"; echo; }
+    train "$@"
+    return 0
+  fi
+  local identity record=$CKPT_DIR/recipe_run.txt
+  identity=$(run_identity "$@")
+  if [ -f "$record" ] && [ "$(cat "$record")" != "$identity" ]; then
+    die "run '$RUN' ($CKPT_DIR) was started with: $(cat "$record") -- this command asks for: $identity. Name this run differently (RUN=<name> bash $0 $VARIANT ...), or delete $record to continue '$RUN' with the new settings."
+  fi
+  mkdir -p "$CKPT_DIR"
+  echo "$identity" > "$record"
+  step "train.$RUN.u$MAX_UPDATE" train "$@"
+  log "checkpoints: $CKPT_DIR"
+}
+
 # newest_update DIR: the update count of the newest checkpoint_E_U.pt in DIR.
 newest_update() {
-  find "$1" -maxdepth 1 -name 'checkpoint_*_*.pt' 2>/dev/null |
+  # A missing folder is no error here (pipefail would otherwise end the caller without a message).
+  { find "$1" -maxdepth 1 -name 'checkpoint_*_*.pt' 2>/dev/null || true; } |
     sed -E 's/.*checkpoint_[0-9]+_([0-9]+)\.pt$/\1/' | sort -n | tail -n 1
 }
 
@@ -260,7 +374,7 @@ average_last() {
 # --required-batch-size-multiple 1 so that every test sentence (LM block) is scored.
 
 # evaluate_translation [extra fairseq-generate flags]: the translation recipes' evaluation.
-# Reads SRC, TGT, LENPEN, TEST_NAME, SCORE_ARGS (flags of tools/score_bleu.py) and VARIANT.
+# Reads SRC, TGT, LENPEN, TEST_NAME, SCORE_ARGS (flags of tools/score_bleu.py), VARIANT and RUN.
 # Averages the last NUM_AVG (default 10) update checkpoints, decodes the test set with beam 4,
 # turns the sentencepiece output back into text (--post-process sentencepiece) and scores it
 # against the detokenised references $WORK/text/test.$TGT. Each result is tied to the newest
@@ -268,32 +382,63 @@ average_last() {
 evaluate_translation() {
   local num_avg=${NUM_AVG:-10} last tag
   last=$(newest_update "$CKPT_DIR")
-  [ -n "$last" ] || die "no update checkpoints in $CKPT_DIR: run train.sh $VARIANT first"
+  [ -n "$last" ] || die "no update checkpoints in $CKPT_DIR: run train.sh $VARIANT first (with the same RUN / SIZE)"
   tag=u$last.avg$num_avg
-  EVAL_DIR=$WORK/eval/$VARIANT
+  EVAL_DIR=$WORK/eval/$RUN
   AVG=$EVAL_DIR/checkpoint.$tag.pt
   GEN_DIR=$EVAL_DIR/generate.$tag
   HYP=$EVAL_DIR/test.$tag.hyp.$TGT
   RESULTS=$EVAL_DIR/bleu.$tag.txt
   mkdir -p "$EVAL_DIR"
-  step "average.$VARIANT.$tag" average_last "$num_avg" "$AVG"
-  step "generate.$VARIANT.$tag" generate_test "$@"
-  step "score.$VARIANT.$tag" score_test
+  step "average.$RUN.$tag" average_last "$num_avg" "$AVG"
+  step "generate.$RUN.$tag" generate_test "$@"
+  step "score.$RUN.$tag" score_test
   log "results ($RESULTS):"
   cat "$RESULTS"
 }
 
+# The decoding flags of evaluation (and of the speed table): beam 4, the task's length penalty.
+generate_flags() {
+  GENERATE_FLAGS=(--beam 4 --lenpen "$LENPEN" --max-tokens "${GEN_MAX_TOKENS:-8000}" --required-batch-size-multiple 1
+                  --post-process sentencepiece)
+}
+
 generate_test() {
   rm -rf "$GEN_DIR"
+  generate_flags
   fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" --task translation \
     --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --path "$AVG" \
-    --beam 4 --lenpen "$LENPEN" --max-tokens "${GEN_MAX_TOKENS:-8000}" --required-batch-size-multiple 1 \
-    --post-process sentencepiece --results-path "$GEN_DIR" "$@" 2>&1 | tee "$WORK/logs/generate.$VARIANT.log"
+    "${GENERATE_FLAGS[@]}" --results-path "$GEN_DIR" "$@" 2>&1 | tee "$WORK/logs/generate.$RUN.log"
   grep '^H-' "$GEN_DIR/generate-test.txt" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$HYP"
-  log "$(grep -o 'Translated .*' "$WORK/logs/generate.$VARIANT.log" | tail -n 1)"
+  log "$(grep -o 'Translated .*' "$WORK/logs/generate.$RUN.log" | tail -n 1)"
 }
 
 score_test() {
   python "$RECIPES/tools/score_bleu.py" --hyp "$HYP" --ref "$WORK/text/test.$TGT" --name "$TEST_NAME" \
-    "${SCORE_ARGS[@]}" > "$RESULTS"
+    --lang "$TGT" ${SCORE_ARGS[@]+"${SCORE_ARGS[@]}"} > "$RESULTS"
+}
+
+# speed_table [RUN...] [-- extra fairseq-generate flags]: decode the test set with each run's model
+# (default: softmax, rfa, rfa_gate of the current SIZE; the first is the reference of the ratios)
+# using evaluation's flags, and write the speed and memory table $WORK/eval/speed.md (and .json)
+# with tools/decode_speed.py. Each run's model is the newest averaged checkpoint evaluate.sh
+# made, else its checkpoint_last.pt. Measured again on every call (timings are not cached).
+speed_table() {
+  local runs=() extra=() models=() run ckpt
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do runs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift && extra=("$@")
+  [ ${#runs[@]} -gt 0 ] || runs=("softmax${SIZE_SUFFIX:-}" "rfa${SIZE_SUFFIX:-}" "rfa_gate${SIZE_SUFFIX:-}")
+  for run in "${runs[@]}"; do
+    ckpt=$({ find "$WORK/eval/$run" -maxdepth 1 -name 'checkpoint.u*.avg*.pt' 2>/dev/null || true; } |
+      sed -E 's/.*checkpoint\.u([0-9]+)\.avg[0-9]+\.pt$/\1 &/' | sort -n | tail -n 1 | cut -d' ' -f2)
+    [ -n "$ckpt" ] || ckpt=$WORK/checkpoints/$run/checkpoint_last.pt
+    [ -f "$ckpt" ] || die "no model for run '$run' (neither $WORK/eval/$run/checkpoint.u*.avg*.pt nor $ckpt): train it first"
+    log "speed: $run <- $ckpt"
+    models+=(--model "$run=$ckpt")
+  done
+  generate_flags
+  python "$RECIPES/tools/decode_speed.py" --data "$DATA_BIN" --user-dir "$USER_DIR" --source-lang "$SRC" \
+    --target-lang "$TGT" --repeats "${REPEATS:-1}" --out "$WORK/eval/speed.md" "${models[@]}" \
+    -- "${GENERATE_FLAGS[@]}" ${extra[@]+"${extra[@]}"}
+  log "speed and memory table: $WORK/eval/speed.md"
 }

@@ -64,23 +64,40 @@ binarize() {
   cp "$WORK/spm.model" "$DATA_BIN/"
 }
 
-# Smoke mode: the raw files in the layout of the extracted archives, from Multi30k (the English
-# side as $SRC, the German side as $TGT: for en-fr a stand-in for French). Consecutive slices of
-# the Multi30k training set make the corpora; a compressed corpus (.gz, as giga-fren) stays so.
+# Smoke mode: the archives of ARCHIVES, made from Multi30k with the real archives' layout and
+# file names (the English side as $SRC, the German side as $TGT: for en-fr a stand-in for
+# French), so that fetch unpacks them exactly as it unpacks the downloads. Consecutive slices of
+# the Multi30k training set make the corpora; giga-fren's files are gzipped inside its .tar, as
+# in the real one. Each archive holds the files next to the one its ARCHIVES entry names, whose
+# names start alike (training/europarl*, dev/newstest2013*, test-full/newstest2014*, ...).
 make_smoke_raw() {
-  local c offset=0 n=150 tgt_side=de
+  local stage=$RAW_DIR/stage c offset=0 n=150 tgt_side=de entry archive check prefix files
+  rm -rf "$stage"
   for c in "${CORPORA[@]}"; do
-    mkdir -p "$RAW_DIR/$(dirname "$c")"
-    smoke_lines train en $offset $n > "$RAW_DIR/$c.$SRC"
-    smoke_lines train $tgt_side $offset $n > "$RAW_DIR/$c.$TGT"
-    case $c in giga-fren*) gzip -f "$RAW_DIR/$c.$SRC" "$RAW_DIR/$c.$TGT" ;; esac
+    mkdir -p "$stage/$(dirname "$c")"
+    smoke_lines train en $offset $n > "$stage/$c.$SRC"
+    smoke_lines train $tgt_side $offset $n > "$stage/$c.$TGT"
+    case $c in giga-fren*) gzip -f "$stage/$c.$SRC" "$stage/$c.$TGT" ;; esac
     offset=$((offset + n)); n=100
   done
-  mkdir -p "$RAW_DIR/$(dirname "$DEV")" "$RAW_DIR/$(dirname "$TEST_SRC_SGM")"
-  smoke_lines valid en 0 30 > "$RAW_DIR/$DEV.$SRC"
-  smoke_lines valid $tgt_side 0 30 > "$RAW_DIR/$DEV.$TGT"
-  smoke_sgm en src "$RAW_DIR/$TEST_SRC_SGM"
-  smoke_sgm $tgt_side ref "$RAW_DIR/$TEST_REF_SGM"
+  mkdir -p "$stage/$(dirname "$DEV")" "$stage/$(dirname "$TEST_SRC_SGM")"
+  smoke_lines valid en 0 30 > "$stage/$DEV.$SRC"
+  smoke_lines valid $tgt_side 0 30 > "$stage/$DEV.$TGT"
+  smoke_sgm en src "$stage/$TEST_SRC_SGM"
+  smoke_sgm $tgt_side ref "$stage/$TEST_REF_SGM"
+  for entry in "${ARCHIVES[@]}"; do
+    read -r archive check _ <<< "$entry"
+    prefix=$(dirname "$check")/$(basename "$check" | sed 's/[.-].*//')
+    prefix=${prefix#./}
+    files=$(cd "$stage" && ls -d "$prefix"*)
+    # shellcheck disable=SC2086
+    case $archive in
+      *.tgz) tar -czf "$RAW_DIR/$archive" -C "$stage" $files ;;
+      *.tar) tar -cf "$RAW_DIR/$archive" -C "$stage" $files ;;
+      *) die "smoke mode cannot make $archive" ;;
+    esac
+  done
+  rm -r "$stage"
 }
 
 smoke_sgm() {

@@ -29,7 +29,7 @@ fi
 stamp=$("$PY" - <<'PY' 2>/dev/null || true
 import importlib.metadata as m
 try:
-    import torch, fairseq, sacrebleu, sentencepiece, pytest, hypothesis, matplotlib  # noqa
+    import torch, fairseq, sacrebleu, sacremoses, sentencepiece, pytest, hypothesis, matplotlib  # noqa
     m.version("rfa_fairseq")
     print(m.version("fairseq-fixed"))
 except Exception:
@@ -53,7 +53,7 @@ pip_install cython numpy
 if ! "$PY" -c "import importlib.metadata as m; assert m.version('fairseq-fixed') == '$FAIRSEQ_VERSION'" 2>/dev/null; then
   pip_install --no-build-isolation --no-deps "fairseq-fixed==$FAIRSEQ_VERSION"
 fi
-pip_install "hydra-core==1.3.2" "omegaconf==2.3.0" regex sacrebleu tqdm bitarray scikit-learn packaging cffi \
+pip_install "hydra-core==1.3.2" "omegaconf==2.3.0" regex sacrebleu sacremoses tqdm bitarray scikit-learn packaging cffi \
   sentencepiece pytest hypothesis "matplotlib>=3.7"
 pip_install --no-build-isolation --no-deps -e .
 "$PY" -c "import torch, fairseq, rfa_fairseq; print('[setup] ok: torch', torch.__version__, '| fairseq', fairseq.__version__, '| rfa_fairseq', rfa_fairseq.__version__)"

@@ -11,9 +11,10 @@
 # training pair is held out as the validation set; the test set is dev2010 + dev2012 (TEDX) +
 # tst2010 + tst2011 + tst2012 (6,750 pairs). Differences: the text is not Moses-tokenised
 # (sentencepiece reads raw text), so the length filter counts raw words, and a joint sentencepiece
-# model of 10k pieces stands in for BPE with 10k merges.
+# model of 10k pieces stands in for BPE with 10k merges. As fairseq's example, the source and
+# target dictionaries are separate (over the joint subwords).
 #
-# Output: $WORK/data-bin (fairseq binaries, joined dictionary), $WORK/spm.model, and the
+# Output: $WORK/data-bin (fairseq binaries, one dictionary per language), $WORK/spm.model, and the
 # detokenised test references $WORK/text/test.{de,en} that evaluate.sh scores against.
 # shellcheck source=recipes/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
@@ -25,8 +26,8 @@ LOWERCASE=${LOWERCASE:-1}
 TEXT=$WORK/text
 TEST_SETS=(TED.dev2010 TEDX.dev2012 TED.tst2010 TED.tst2011 TED.tst2012)
 URLS=(
-  https://wit3.fbk.eu/archive/2014-01/texts/de/en/de-en.tgz     # the source of fairseq's original script
-  http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz  # fairseq's copy of the same archive
+  http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz  # fairseq's copy of the archive
+  https://wit3.fbk.eu/archive/2014-01/texts/de/en/de-en.tgz     # the original WIT3 address (no longer answers; last resort)
 )
 
 # Smoke mode: a de-en.tgz in the real archive's layout (train.tags with talk headers, dev/test
@@ -93,7 +94,7 @@ encode() {
 
 binarize() {
   rm -rf "$DATA_BIN"
-  fairseq-preprocess --source-lang $SRC --target-lang $TGT --joined-dictionary \
+  fairseq-preprocess --source-lang $SRC --target-lang $TGT \
     --trainpref "$WORK/spm/train" --validpref "$WORK/spm/valid" --testpref "$WORK/spm/test" \
     --destdir "$DATA_BIN" --workers "${WORKERS:-$(nproc)}" 2>&1 | tee "$WORK/logs/preprocess.log"
   cp "$WORK/spm.model" "$DATA_BIN/"

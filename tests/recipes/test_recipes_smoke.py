@@ -1,10 +1,11 @@
-"""The recipes end to end in smoke mode (SMOKE=1: stand-in raw data made from data/multi30k in
-each task's official layout, a tiny model, a few CPU updates, no network): prepare.sh, train.sh
-and evaluate.sh of every task, the resume markers (a second run redoes nothing), the softmax
-variant once, and the hydra configs through fairseq-hydra-train.
+"""The recipes end to end in smoke mode (SMOKE=1: stand-in archives made from data/multi30k in
+each task's official layout and unpacked as the downloads are, a tiny model, a few CPU updates,
+no network): prepare.sh, train.sh and evaluate.sh of every task, the resume markers (a second
+run redoes nothing), the softmax variant, an ablation variant and the refusal of colliding runs,
+the speed table of trained models, and the hydra configs through fairseq-hydra-train.
 
 Each fairseq command line costs ~4 s of start-up, so the runs are shared through module-scoped
-fixtures; the whole file takes about 2-3 minutes on a 2-core CPU.
+fixtures; the whole file takes about 4 minutes on a 2-core CPU.
 """
 import math
 import os
@@ -48,6 +49,17 @@ def hydra_train(config_dir, config_name, work, save_dir):
     return out
 
 
+def archives(task):
+    """The archive names prepare.sh fetches (ARCHIVES entries, or its `step fetch fetch NAME`)."""
+    text = open(os.path.join(RECIPES, task, "prepare.sh"), encoding="utf-8").read()
+    return sorted(set(re.findall(r'"(\S+\.(?:tgz|tar)) ', text) + re.findall(r"step fetch fetch (\S+)", text)))
+
+
+def learning_rates(log):
+    """update -> lr of fairseq's per-update log lines (--log-interval 1)."""
+    return {int(n): float(lr) for n, lr in re.findall(r"num_updates=(\d+), lr=([\d.e-]+)", log)}
+
+
 def params(log):
     m = re.search(r"num\. shared model params: ([\d,]+)", log)
     assert m, log[-2000:]
@@ -75,6 +87,8 @@ def smoke(tmp_path_factory):
 def test_translation_recipe_smoke(smoke, task):
     work, out = smoke(task)
     assert (work / "data-bin" / "dict.en.txt").exists() and (work / "spm.model").exists()
+    # the raw data came out of archives, as downloads do (en-fr: giga-fren's .tar holds .gz files)
+    assert sorted(re.findall(r"unpacking (\S+) \(", out["prepare.sh"])) == archives(task)
     assert "RFATransformerModel" in out["train.sh"] and "num_updates 6" in out["train.sh"]
     assert "gate_proj" in out["train.sh"]  # RFA-Gate really built
     ckpts = sorted(p.name for p in (work / "checkpoints" / "rfa_gate").glob("checkpoint_*_*.pt"))
@@ -86,11 +100,13 @@ def test_translation_recipe_smoke(smoke, task):
     m = re.search(rf"sacreBLEU \([^)]*, {n} sentences, detokenised\): ([\d.]+)", ev)
     assert m and 0.0 <= float(m.group(1)) <= 100.0, ev[-2000:]
     assert re.search(r"signature: nrefs:1\|case:mixed\|eff:no\|tok:13a\|smooth:exp\|version:[\d.]+", ev)
+    # sacreBLEU first (the primary score), then BLEU on Moses tokens
     if task == "wmt14_en_de":
-        assert re.search(r"tokenised BLEU with compound splitting \(##AT##-##AT##\) .*: [\d.]+", ev)
-        assert "tok:none" in ev
+        tokenised = re.search(r"tokenised BLEU with compound splitting \(##AT##-##AT##\) \(.*, Moses tokens\): [\d.]+", ev)
     else:
-        assert re.search(r"tokenised BLEU \(.*13a tokens\): [\d.]+", ev)
+        tokenised = re.search(r"tokenised BLEU \(.*, Moses tokens\): [\d.]+", ev)
+    assert tokenised and ev.index("sacreBLEU (") < tokenised.start()
+    assert "tok:none" in ev[tokenised.start():]
     hyp = next((work / "eval" / "rfa_gate").glob("test.*.hyp.*"))
     assert len(hyp.read_text(encoding="utf-8").splitlines()) == n
 
@@ -98,18 +114,25 @@ def test_translation_recipe_smoke(smoke, task):
 def test_language_model_recipe_smoke(smoke):
     work, out = smoke("wikitext103")
     assert (work / "data-bin" / "dict.txt").exists()
+    assert sorted(re.findall(r"unpacking (\S+) \(", out["prepare.sh"])) == archives("wikitext103")
     train = out["train.sh"]
     assert "RFATransformerLanguageModel" in train and "AdaptiveInput" in train and "gate_proj" in train
     assert "num_updates 6" in train
     ev = out["evaluate.sh"]
     preprocess = (work / "logs" / "preprocess.log").read_text()
     for split in ("valid", "test"):
-        m = re.search(rf"^{split} perplexity: ([\d.]+) \(Evaluated ([\d,]+) tokens", ev, re.M)
-        assert m, ev[-2000:]
-        assert math.isfinite(float(m.group(1))) and float(m.group(1)) > 1.0
-        # Every token of the split is scored (fairseq would drop a last partial batch otherwise).
         expected = re.search(rf"wiki\.{split}\.tokens: \d+ sents, (\d+) tokens", preprocess).group(1)
-        assert m.group(2).replace(",", "") == expected
+        blocks = re.search(rf"^{split} perplexity, 64-token blocks, --context-window 0 \(the RFA paper's setting\): "
+                           r"([\d.]+) \(Evaluated ([\d,]+) tokens", ev, re.M)
+        sliding = re.search(rf"^{split} perplexity, sliding window, --context-window 32 in 64-token blocks: "
+                            r"([\d.]+) \(Evaluated ([\d,]+) tokens", ev, re.M)
+        assert blocks and sliding, ev[-2000:]
+        for m in (blocks, sliding):
+            assert math.isfinite(float(m.group(1))) and float(m.group(1)) > 1.0
+            # Every token of the split is scored (fairseq would drop a last partial batch otherwise).
+            assert m.group(2).replace(",", "") == expected
+        # the two ways of scoring differ (context carried into the scored tokens or not)
+        assert blocks.group(1) != sliding.group(1)
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -124,59 +147,90 @@ def test_second_run_skips_finished_steps(smoke, task):
             assert f"step {step}: already done" in out
         assert "fairseq_cli" not in out  # no fairseq tool ran
     # evaluate.sh still prints the stored results
-    assert ("sacreBLEU" in out) if task in TRANSLATION else ("test perplexity:" in out)
+    assert ("sacreBLEU" in out) if task in TRANSLATION else ("test perplexity, " in out)
 
 
 def test_softmax_variant_and_bad_variant(smoke):
     work, _ = smoke("iwslt14_de_en")
     train = recipe("iwslt14_de_en", "train.sh", "softmax", work=work)[2]
     assert "--arch transformer_iwslt_de_en" in train and "model: TransformerModel" in train
-    assert "rfa" not in re.search(r"variant softmax: (.*)", train).group(1)
+    assert "rfa" not in re.search(r"variant softmax, run softmax: (.*)", train).group(1)
     ev = recipe("iwslt14_de_en", "evaluate.sh", "softmax", work=work)[2]
     assert "Translated 20 sentences" in ev and re.search(r"sacreBLEU .*: [\d.]+\n  signature: nrefs:1\|", ev)
     code, _, out = recipe("iwslt14_de_en", "train.sh", "linear", work=work, check=False)
-    assert code != 0 and "one of softmax, rfa, rfa_gate" in out
+    assert code != 0 and "one of softmax, rfa, rfa_gate, rfa_gate_paper" in out
+
+
+def test_runs_with_other_flags_do_not_collide(smoke):
+    """A finished rfa_gate run is neither skipped nor resumed by a command with other flags: it
+    is refused, and the same command under its own RUN trains from scratch in its own folder."""
+    work, _ = smoke("iwslt14_de_en")
+    code, _, out = recipe("iwslt14_de_en", "train.sh", "rfa_gate", "--rfa-kernel", "arccos", work=work, check=False)
+    assert code != 0 and "run 'rfa_gate'" in out and "RUN=<name>" in out and "--rfa-kernel arccos" in out
+    assert "fairseq_cli" not in out
+    # an ablation variant: the paper's gate, pinned, in checkpoints/rfa_gate_paper
+    train = recipe("iwslt14_de_en", "train.sh", "rfa_gate_paper", work=work)[2]
+    assert "rfa_gate=True" in train and "rfa_gate_form='convex'" in train and "rfa_gate_bias=0.0" in train
+    assert "num_updates 6" in train and "gate_proj" in train
+    assert (work / "checkpoints" / "rfa_gate_paper" / "checkpoint_1_6.pt").exists()
+
+
+def test_speed_table_of_trained_models(smoke):
+    """speed.sh decodes newstest2014 with the trained softmax and RFA-Gate models and writes the table."""
+    work, _ = smoke("wmt14_en_de")
+    recipe("wmt14_en_de", "train.sh", "softmax", work=work)
+    out = recipe("wmt14_en_de", "speed.sh", "softmax", "rfa_gate", work=work)[2]
+    table = (work / "eval" / "speed.md").read_text()
+    assert "--beam 4 --lenpen 0.6" in table
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]]
+            for r in table.splitlines() if r.startswith("| softmax") or r.startswith("| rfa_gate")}
+    assert set(rows) == {"softmax", "rfa_gate"}
+    for run, cells in rows.items():
+        assert cells[0] == str(TEST_SENTENCES["wmt14_en_de"])  # the whole test set
+        assert float(cells[4]) > 0 and float(cells[6]) > 0  # tokens/s, peak memory
+    assert rows["softmax"][5] == "1.00x" and rows["softmax"][7] == "1.00x"
+    # the averaged checkpoint of evaluate.sh decodes for rfa_gate, checkpoint_last.pt for softmax
+    assert re.search(r"speed: rfa_gate <- \S+/eval/rfa_gate/checkpoint\.u6\.avg3\.pt", out)
+    assert re.search(r"speed: softmax <- \S+/checkpoints/softmax/checkpoint_last\.pt", out)
 
 
 def test_hydra_language_model_smoke(smoke):
     """recipes/wikitext103/config/smoke.yaml runs with fairseq-hydra-train and builds the same
-    model as SMOKE=1 train.sh rfa_gate."""
+    model, with the same learning-rate schedule (the cosine period derived from max_update in
+    both), as SMOKE=1 train.sh rfa_gate."""
     work, out = smoke("wikitext103")
     save = work / "checkpoints" / "hydra-smoke"
     log = hydra_train(os.path.join(RECIPES, "wikitext103", "config"), "smoke", work, save)
     assert "model: RFATransformerLanguageModel" in log and "done training" in log and "gate_proj" in log
     assert (save / "checkpoint_last.pt").exists()
     assert params(log) == params(out["train.sh"])
+    hydra_lr, script_lr = learning_rates(log), learning_rates(out["train.sh"])
+    assert sorted(hydra_lr) == list(range(1, 7)) and hydra_lr == script_lr
+    # the schedule anneals within the run: down from the peak after the 2 warm-up updates
+    assert hydra_lr[5] < 0.5 * max(hydra_lr.values())
 
 
 @pytest.fixture(scope="module")
 def hydra_translation(smoke):
-    work, out = smoke("iwslt14_de_en")
-    save = work / "checkpoints" / "hydra-smoke"
-    log = hydra_train(os.path.join(RECIPES, "iwslt14_de_en", "config"), "smoke", work, save)
-    return log, out["train.sh"], save
+    done = {}
+
+    def run(task):
+        if task not in done:
+            work, out = smoke(task)
+            save = work / "checkpoints" / "hydra-smoke"
+            done[task] = hydra_train(os.path.join(RECIPES, task, "config"), "smoke", work, save), out["train.sh"], save
+        return done[task]
+
+    return run
 
 
-def test_hydra_translation_smoke_runs(hydra_translation):
+@pytest.mark.parametrize("task", TRANSLATION)
+def test_hydra_translation_smoke(hydra_translation, task):
     """The legacy translation model runs through fairseq-hydra-train (the architecture function
-    fills the model section, as --arch does)."""
-    log, _, save = hydra_translation
+    fills the model section, as --arch does) and builds the configured RFA-Gate: the same model
+    as SMOKE=1 train.sh rfa_gate."""
+    log, train_log, save = hydra_translation(task)
     assert "model: RFATransformerModel" in log and "done training" in log
     assert (save / "checkpoint_last.pt").exists()
-
-
-def test_hydra_translation_builds_the_configured_rfa_gate(hydra_translation):
-    log, train_log, _ = hydra_translation
     assert "gate_proj" in log
     assert params(log) == params(train_log)
-
-
-def test_compound_splitting_follows_fairseq_convention():
-    """tools/score_bleu.py splits hyphens as perl's s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g does."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("score_bleu", os.path.join(RECIPES, "tools", "score_bleu.py"))
-    score_bleu = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(score_bleu)
-    assert score_bleu.compound_split("Café-Liebhaber") == "Café ##AT##-##AT## Liebhaber"
-    assert score_bleu.compound_split("a-b-c - d") == "a ##AT##-##AT## b-c - d"  # non-overlapping, as perl
