@@ -117,7 +117,9 @@ class RFATransformerDecoder(TransformerDecoderBase):
             if softmax_key in state_dict and rfa_key not in state_dict:
                 raise RuntimeError(
                     "this checkpoint holds a softmax-attention decoder; an RFA architecture cannot "
-                    "load it without an explicit conversion (its attention has no random features)"
+                    "load it without an explicit conversion (its attention has no random features): "
+                    "python scripts/convert_from_softmax.py --input SOFTMAX.pt --output RFA.pt [--rfa-gate] "
+                    "writes the RFA model with every shared weight copied, ready for --finetune-from-model"
                 )
             state_dict[version_key] = torch.tensor([RFA_CHECKPOINT_VERSION])
         elif int(state_dict[version_key][0]) > RFA_CHECKPOINT_VERSION:
