@@ -1,0 +1,51 @@
+"""The two study scripts of the stateful LM and conversion results, in tiny configurations: every
+row is recorded once, a second run skips what is recorded, and --report prints the table."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+from rfa_test_utils import REPO
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+
+
+def study(script, *args):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "results", script), *map(str, args)], env=ENV,
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout
+
+
+def test_stateful_lm_study_smoke(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    with gzip.open(os.path.join(REPO, "data/multi30k/train.en.gz"), "rt", encoding="utf-8") as f:
+        lines = [next(f) for _ in range(1200)]
+    for name, off in (("wiki.valid.tokens", 0), ("wiki.test.tokens", 600)):
+        text = "".join(f" = Article {a} = \n" + "".join(f" {s}" for s in lines[off + 30 * a:off + 30 * a + 30])
+                       for a in range(20))
+        (src / name).write_text(text, encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    args = ["--source", src, "--work", tmp_path / "work", "--out", out, "--updates", 3, "--block", 32, "--layers", 1,
+            "--dim", 32, "--cutoffs", "200,400", "--variants", "rfa_gate_stateful"]
+    study("stateful_lm_study.py", *args)
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert record["train_task"] == "rfa_stateful_lm" and record["updates"] == 3
+    assert 1 < record["test_ppl_stateful"] < 1e4 and 1 < record["test_ppl_blocks"] < 1e4
+    assert "recorded, skipped" in study("stateful_lm_study.py", *args)
+    assert "| rfa_gate_stateful | rfa_stateful_lm | 3 |" in study("stateful_lm_study.py", "--report", "--out", out)
+
+
+def test_convert_study_smoke(tmp_path):
+    out = tmp_path / "out.jsonl"
+    args = ["--smoke", "--work", tmp_path / "work", "--out", out, "--updates", 5, "--fractions", 0.4, "--layers", 1,
+            "--dim", 32]
+    study("convert_study.py", *args)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["row"], r["total_updates"]) for r in records] == [
+        ("softmax", 5), ("converted", 5), ("finetuned-0.4", 7), ("scratch-0.4", 7)]
+    assert all(r["test_bleu"] >= 0 for r in records)
+    assert "recorded, skipped" in study("convert_study.py", *args)
+    assert "| finetuned-0.4 | 7 | 1 |" in study("convert_study.py", "--report", "--out", out)
