@@ -19,7 +19,7 @@ setup(
     install_requires=[],
     extras_require={
         "stack": ["torch>=2.4", "fairseq-fixed==0.12.3.1", "hydra-core==1.3.2", "omegaconf==2.3.0",
-                  "sacrebleu", "sentencepiece"],
+                  "sacrebleu", "sacremoses", "sentencepiece"],
         "test": ["pytest", "hypothesis"],
     },
     license="MIT",

@@ -176,11 +176,14 @@ def report(records):
                                                                           if kv[0][1] in VARIANTS else 99)):
         v = [r["valid_bleu"] for r in rs]
         t = [r["test_bleu"] for r in rs]
-        spu = [r["s_per_update"] for r in rs if r.get("s_per_update")]
-        threads = sorted({r.get("train_threads") for r in rs if r.get("s_per_update")} - {None})
+        spu = {}  # times per update are comparable only at the same number of threads
+        for r in rs:
+            if r.get("s_per_update"):
+                spu.setdefault(r.get("train_threads"), []).append(r["s_per_update"])
         spread = f" ({min(t):.2f}-{max(t):.2f})" if len(t) > 1 else ""
         seeds = ",".join(str(r["seed"]) for r in rs)
-        speed = f"{statistics.mean(spu):.2f} ({'/'.join(map(str, threads))} thr)" if spu else "-"
+        speed = "; ".join(f"{statistics.mean(v):.2f}" + (f" ({t} thr)" if t else "")
+                          for t, v in sorted(spu.items(), key=lambda kv: kv[0] or 0)) or "-"
         print(f"| {setting} | {variant} | {seeds} | {statistics.mean(v):.2f} | {statistics.mean(t):.2f}{spread} "
               f"| {speed} |")
 

@@ -15,22 +15,23 @@ def study():
     return module
 
 
-def record(variant, seed, valid, test, spu):
+def record(variant, seed, valid, test, spu, threads=2):
     return {"variant": variant, "setting": "final", "seed": seed, "valid_bleu": valid, "test_bleu": test,
-            "s_per_update": spu}
+            "s_per_update": spu, "train_threads": threads}
 
 
 def test_report_gives_mean_and_spread_over_seeds(tmp_path, capsys):
     out = tmp_path / "study.jsonl"
     rows = [record("rfa_gate", 1, 30.0, 29.0, 1.5), record("softmax", 1, 33.0, 32.0, 1.0),
-            record("rfa_gate", 2, 31.0, 30.0, None), record("rfa_gate", 3, 32.0, 31.5, 2.5)]
+            record("rfa_gate", 2, 31.0, 30.0, None), record("rfa_gate", 3, 32.0, 31.5, 2.5),
+            record("rfa_gate", 4, 31.0, 30.5, 3.0, threads=1)]
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     study().main(["--report", "--out", str(out)])
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| final")]
-    # softmax first (the order of VARIANTS), then RFA-Gate over its three seeds; the time per
-    # update averages only the runs that have one
-    assert lines == ["| final | softmax | 1 | 33.00 | 32.00 | 1.00 |",
-                     "| final | rfa_gate | 1,2,3 | 31.00 | 30.17 (29.00-31.50) | 2.00 |"]
+    # softmax first (the order of VARIANTS), then RFA-Gate over its four seeds; the time per
+    # update averages the runs that have one, per number of training threads
+    assert lines == ["| final | softmax | 1 | 33.00 | 32.00 | 1.00 (2 thr) |",
+                     "| final | rfa_gate | 1,2,3,4 | 31.00 | 30.25 (29.00-31.50) | 3.00 (1 thr); 2.00 (2 thr) |"]
 
 
 def test_unknown_variant_is_refused_by_name(capsys):
