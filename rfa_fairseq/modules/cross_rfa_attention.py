@@ -1,9 +1,11 @@
 """CrossRFAttention: RFA for the decoder's attention over the encoder output.
 
 Drop-in for fairseq's MultiheadAttention in a decoder layer's ``encoder_attn`` slot. Layout:
-Time x Batch x Channel. The source is summarised once into ``(S [Bs, H, F, K], z [Bs, H, F])``
-(padding excluded), kept packed as ``Sz [Bs, H, F, K + 1]``; every decoding step and every beam
-reads that summary at O(F K) per head.
+Time x Batch x Channel. The source is read in one of two exact forms, whichever costs fewer
+multiply-adds (``ops.quadratic_is_cheaper``): summarised once into ``Sz = [S | z]``
+``[Bs, H, F, K + 1]`` (padding excluded), read at O(F K) per query and head; or, for sources
+short next to the feature size (sentences), kept as its keys' features and values and read
+through the ``[Tq, S]`` feature products at O(S (F + K)). Either is the decoding state.
 
 Beam search (fairseq's SequenceGenerator calls ``set_beam_size``): the encoder output is
 repeated ``beam`` times, sentence-major, so the state is computed from one copy per sentence
@@ -68,19 +70,21 @@ class CrossRFAttention(RFAttentionBase):
 
     def _source_state(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], rows: int,
                       keep_keys: bool) -> Dict[str, Optional[Tensor]]:
-        """The source's summary ``Sz`` (from one copy of each source when ``rows`` > 1), and with
-        ``keep_keys`` the feature-mapped keys the attention weights need."""
+        """What the queries read (from one copy of each source when ``rows`` > 1): the summary
+        ``Sz``, or the keys' features ``k`` with the values ``v`` and the padding mask, where
+        reading those costs less per query or where the attention weights are asked for
+        (``keep_keys``)."""
         if rows > 1:
             key, value = key[:, ::rows], value[:, ::rows]
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask[::rows]
         k = self._key_features(split_heads(self.k_proj(key), self.num_heads), key_padding_mask)
         v = split_heads(self.v_proj(value), self.num_heads)
-        saved: Dict[str, Optional[Tensor]] = {"rows_per_source": torch.tensor([rows]),
-                                              "Sz": cross_rfa_state(k, v, key_padding_mask, packed=True)}
-        if keep_keys:
-            saved["k"] = k
-            saved["key_padding_mask"] = key_padding_mask
+        saved: Dict[str, Optional[Tensor]] = {"rows_per_source": torch.tensor([rows])}
+        if keep_keys or quadratic_is_cheaper(k.shape[2], k.shape[-1], v.shape[-1]):
+            saved.update(k=k, v=v, key_padding_mask=key_padding_mask)
+        else:
+            saved["Sz"] = cross_rfa_state(k, v, key_padding_mask, packed=True)
         return saved
 
     def forward(
@@ -129,12 +133,16 @@ class CrossRFAttention(RFAttentionBase):
             if incremental_state is not None:
                 self._set_input_buffer(incremental_state, saved)
         q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
-        out = cross_rfa_apply(q, saved["Sz"], eps=self.eps, out_dtype=query.dtype, absolute=self.abs_denominator)
+        guard = dict(eps=self.eps, absolute=self.abs_denominator)
+        if "Sz" in saved:
+            out = cross_rfa_apply(q, saved["Sz"], out_dtype=query.dtype, **guard)
+        else:
+            out = cross_rfa_quadratic(q, saved["k"], saved["v"], saved["key_padding_mask"], out_dtype=query.dtype,
+                                      **guard)
         out = self.out_proj(merge_heads(out))
         weights = None
-        if need_weights:  # the state then holds the summary and the keys (see _source_state)
-            weights = cross_rfa_weights(q, saved["k"], saved["Sz"], saved.get("key_padding_mask"), eps=self.eps,
-                                        absolute=self.abs_denominator)
+        if need_weights:  # the state then holds the keys (see _source_state)
+            weights = cross_rfa_weights(q, saved["k"], saved["key_padding_mask"], **guard)
             weights = weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
         return out, weights
 
@@ -145,7 +153,7 @@ class CrossRFAttention(RFAttentionBase):
         ``[Tq, S]`` feature products where that is cheaper (``ops/cross_rfa/quadratic.py``)."""
         phi_q = self.feature_map(q, random_matrix)
         phi_k = self._key_features(k, key_padding_mask, random_matrix)
-        if quadratic_is_cheaper(q.shape[2], k.shape[2], phi_q.shape[-1], v.shape[-1]):
+        if quadratic_is_cheaper(k.shape[2], phi_q.shape[-1], v.shape[-1], Tq=q.shape[2]):
             return cross_rfa_quadratic(phi_q, phi_k, v, key_padding_mask, eps=self.eps, out_dtype=out_dtype,
                                        absolute=self.abs_denominator)
         Sz = cross_rfa_state(phi_k, v, key_padding_mask, packed=True)
@@ -162,7 +170,7 @@ class CrossRFAttention(RFAttentionBase):
         if saved is None:
             return incremental_state
         rows = int(saved["rows_per_source"][0])
-        num_sources = saved["Sz"].size(0)
+        num_sources = (saved["Sz"] if "Sz" in saved else saved["k"]).size(0)
         if rows > 1:
             if num_sources * rows == new_order.numel():
                 return incremental_state  # beams were reordered within their sentences

@@ -3,7 +3,10 @@
 Layout throughout: ``[B, H, T, F]`` for feature-mapped queries/keys, ``[B, H, T, K]`` for values.
 """
 from .causal_rfa import chunk_causal_rfa, naive_causal_rfa, pack_state, recurrent_causal_rfa_step, unpack_state
-from .cross_rfa import cross_rfa_apply, cross_rfa_quadratic, quadratic_is_cheaper, cross_rfa_state, cross_rfa_weights, key_norm_weights, naive_cross_rfa
+from .cross_rfa import (
+    cross_rfa_apply, cross_rfa_quadratic, cross_rfa_state, cross_rfa_weights, key_norm_weights, naive_cross_rfa,
+    quadratic_is_cheaper,
+)
 from .denominator import DEFAULT_EPS, guarded_ratio
 from .feature_maps import (
     FEATURE_MAPS,
@@ -18,7 +21,8 @@ from .feature_maps import (
 
 __all__ = [
     "chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa_step", "pack_state", "unpack_state",
-    "cross_rfa_apply", "cross_rfa_quadratic", "quadratic_is_cheaper", "cross_rfa_state", "cross_rfa_weights", "key_norm_weights", "naive_cross_rfa",
+    "cross_rfa_apply", "cross_rfa_quadratic", "cross_rfa_state", "cross_rfa_weights", "key_norm_weights",
+    "naive_cross_rfa", "quadratic_is_cheaper",
     "DEFAULT_EPS", "guarded_ratio",
     "FEATURE_MAPS", "KERNELS", "POSITIVE_KERNELS", "RANDOM_MATRICES", "feature_map", "feature_size", "l2_normalize",
     "sample_random_matrix",

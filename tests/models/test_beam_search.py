@@ -65,7 +65,7 @@ def test_cross_state_not_copied_per_beam(translation_model):
     def spy(*args, **kwargs):
         out = original(*args, **kwargs)
         inc = kwargs.get("incremental_state")
-        states.append({k: v.get("Sz") for k, v in inc.items() if "rfa_cross_state" in k})
+        states.append({k: v["Sz"] if "Sz" in v else v["k"] for k, v in inc.items() if "rfa_cross_state" in k})
         return out
 
     model.decoder.forward = spy

@@ -61,7 +61,7 @@ def test_cross_module_matches_naive_with_padding(recompute, weights, norm_rescal
     kernel = "favor" if norm_rescale else "gaussian"
     attn = CrossRFAttention(C, H, fmap(1, kernel=kernel), kdim=16, recompute=recompute, eps=eps,
                             norm_rescale=norm_rescale).double().eval()
-    assert quadratic_is_cheaper(Tq, S, 2 * 40, C // H) == (Tq == 6)
+    assert quadratic_is_cheaper(S, 2 * 40, C // H, Tq=Tq) == (Tq == 6)
     query = torch.randn(Tq, 3, C, dtype=torch.float64, requires_grad=True)
     enc = torch.randn(S, 3, 16, dtype=torch.float64, requires_grad=True)
     mask = _left_pad_mask([S, 5, 2], S)
@@ -121,13 +121,15 @@ def test_cross_module_attention_weights():
 
 
 def _cross_state(saved):
-    """The per-sentence tensors of a cross-attention decoding state."""
-    return [saved["Sz"]]
+    """The per-sentence tensors of a cross-attention decoding state (the summary, or the keys'
+    features and values)."""
+    return [saved["Sz"]] if "Sz" in saved else [saved["k"], saved["v"]]
 
 
-@pytest.mark.parametrize("S", [7, 12])
+@pytest.mark.parametrize("S", [7, 12], ids=["keys-form", "summary-form"])
 def test_cross_incremental_beam_sharing_and_reorder(S):
-    """One source summary per sentence, equal to the full forward, left alone when beams move
+    """One source state per sentence (the keys below the break-even length, F (K + 1) / (F + K + 1)
+    = 8.1 here, the summary above it), equal to the full forward, left alone when beams move
     within their sentences and indexed by sentence when sentences finish."""
     torch.manual_seed(2)
     beam, bsz = 3, 4
@@ -144,11 +146,13 @@ def test_cross_incremental_beam_sharing_and_reorder(S):
         full0, _ = attn(steps[0], enc_b, enc_b, key_padding_mask=mask_b)
         torch.testing.assert_close(out0, full0, rtol=1e-5, atol=1e-6)
         saved = attn._get_input_buffer(state)
-        before = saved["Sz"]
-        assert before.shape == (bsz, H, 80, C // H + 1)  # one source state per sentence, not per beam
+        assert ("Sz" in saved) == (S == 12)
+        before = _cross_state(saved)
+        shapes = [(bsz, H, 80, C // H + 1)] if S == 12 else [(bsz, H, S, 80), (bsz, H, S, C // H)]
+        assert [t.shape for t in before] == shapes  # one source state per sentence, not per beam
         within = torch.arange(bsz * beam).view(bsz, beam).flip(1).reshape(-1)  # reorder beams inside sentences
         attn.reorder_incremental_state(state, within)
-        assert attn._get_input_buffer(state)["Sz"] is before  # no copy
+        assert all(a is b for a, b in zip(_cross_state(attn._get_input_buffer(state)), before))  # no copy
         # drop sentence 1: the generator keeps rows of sentences 0, 2, 3 (with beams reordered)
         keep = torch.tensor([0, 2, 3])
         new_order = (keep[:, None] * beam + torch.tensor([2, 0, 1])[None, :]).reshape(-1)
@@ -158,14 +162,15 @@ def test_cross_incremental_beam_sharing_and_reorder(S):
                        incremental_state=state)
         full1, _ = attn(q, enc_b[:, new_order], enc_b[:, new_order], key_padding_mask=mask_b[new_order])
         torch.testing.assert_close(out1, full1, rtol=1e-5, atol=1e-6)
-        assert torch.equal(attn._get_input_buffer(state)["Sz"], before[keep])
-        # alignment weights asked for mid-decode: the state is rebuilt with the summary and keys
+        for a, b in zip(_cross_state(attn._get_input_buffer(state)), before):
+            assert torch.equal(a, b[keep])
+        # alignment weights asked for mid-decode: the state is rebuilt with the keys
         _, w = attn(q, enc_b[:, new_order], enc_b[:, new_order], key_padding_mask=mask_b[new_order],
                     incremental_state=state, need_weights=True)
         _, w_full = attn(q, enc_b[:, new_order], enc_b[:, new_order], key_padding_mask=mask_b[new_order],
                          need_weights=True)
         torch.testing.assert_close(w, w_full, rtol=1e-5, atol=1e-6)
-        assert "Sz" in attn._get_input_buffer(state)
+        assert "k" in attn._get_input_buffer(state)
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["rfa", "gate"])

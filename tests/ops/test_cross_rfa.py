@@ -114,11 +114,10 @@ def test_quadratic_form_matches_naive(gen, B, Tq, S, Fd, K, pattern, dtype, rtol
 
 def test_quadratic_is_cheaper_where_the_lengths_are_short():
     """Sentence lengths against the default feature sizes take the quadratic form; long sources
-    and targets the summary."""
-    assert quadratic_is_cheaper(20, 20, 256, 64)
-    assert quadratic_is_cheaper(30, 25, 128, 64)
-    assert not quadratic_is_cheaper(200, 200, 256, 64)
-    assert not quadratic_is_cheaper(512, 60, 256, 64)
+    and targets the summary. Per decoding query the break-even source length is F (K + 1) / (F + K + 1)."""
+    assert quadratic_is_cheaper(20, 256, 64, Tq=20) and quadratic_is_cheaper(25, 128, 64, Tq=30)
+    assert not quadratic_is_cheaper(200, 256, 64, Tq=200) and not quadratic_is_cheaper(60, 256, 64, Tq=512)
+    assert quadratic_is_cheaper(51, 256, 64) and not quadratic_is_cheaper(52, 256, 64)
 
 
 @pytest.mark.parametrize("pattern", ["right", "left", "random"])
@@ -192,7 +191,9 @@ def test_rows_not_a_multiple_of_sources_raise(gen, rows):
     with pytest.raises(ValueError):
         cross_rfa_apply(q, state)
     with pytest.raises(ValueError):
-        cross_rfa_weights(q, k, state)
+        cross_rfa_weights(q, k)
+    with pytest.raises(ValueError):
+        cross_rfa_quadratic(q, k, torch.randn(Bs, H, S, K, generator=gen))
 
 
 @pytest.mark.parametrize("features", ["positive", "mixed-sign"])
@@ -211,12 +212,13 @@ def test_weights_reproduce_apply(gen, pattern, beam, features):
     v = torch.randn(Bs, H, S, K, generator=gen)
     mask = make_mask(pattern, Bs, S, gen)
     state = cross_rfa_state(k, v, mask)
-    w = cross_rfa_weights(q, k, state, mask)
+    w = cross_rfa_weights(q, k, mask)
     assert w.shape == (Bs * beam, H, Tq, S)
     assert w.dtype == torch.float32
     v_rows = v.repeat_interleave(beam, dim=0)
     via_weights = torch.einsum("bhts,bhsk->bhtk", w, v_rows)
     assert_close(via_weights, cross_rfa_apply(q, state), 1e-5, "weights @ v")
+    assert_close(cross_rfa_quadratic(q, k, v, mask), cross_rfa_apply(q, state), 1e-5, "quadratic form, beams grouped")
     if mask is not None:
         pad = mask.repeat_interleave(beam, dim=0)[:, None, None, :].expand_as(w)
         assert (w[pad] == 0).all()
@@ -242,8 +244,9 @@ def test_absolute_denominator(gen, beam):
     rep = lambda x: x.repeat_interleave(beam, dim=0)  # noqa: E731
     ref = naive_cross_rfa(q, rep(k), rep(v), rep(mask), absolute=True)
     assert_close(out, ref, 1e-10, "abs: state path vs naive")
-    w = cross_rfa_weights(q, k, state, mask, absolute=True)
+    w = cross_rfa_weights(q, k, mask, absolute=True)
     assert_close(torch.einsum("bhts,bhsk->bhtk", w, rep(v)), out, 1e-10, "abs: weights @ v")
+    assert_close(cross_rfa_quadratic(q, k, v, mask, absolute=True), out, 1e-10, "abs: quadratic form")
     den = torch.einsum("bhtf,bhf->bht", q, rep(state[1]))
     plain = cross_rfa_apply(q, state)
     flipped = den < -DEFAULT_EPS

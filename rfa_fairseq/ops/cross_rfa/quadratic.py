@@ -1,23 +1,27 @@
-"""Cross RFA in its quadratic form, for all target positions at once (training, scoring).
+"""Cross RFA in its quadratic form: through the keys' features instead of their summary.
 
 By associativity ``phi(q_i).S = sum_j (phi(q_i).phi(k_j)) v_j`` and ``phi(q_i).z = sum_j
-phi(q_i).phi(k_j)``: the same numbers as the state path of ``state.py``, computed through the
-``[Tq, S]`` matrix of feature products instead of the ``[F, K + 1]`` summary. Per head this costs
-``Tq S (F + K + 1)`` multiply-adds against the summary's ``(S + Tq) F (K + 1)``, so it is the
-cheaper one whenever the source and target are short next to the feature size: at sentence
-lengths (tens of tokens, ``F`` in the hundreds) several times cheaper.
+phi(q_i).phi(k_j)``: the numbers of the summary path (``state.py``) through the ``[Tq, S]`` feature
+products. Per head, ``Tq`` queries of one source cost ``Tq S (F + K + 1)`` multiply-adds here and
+``(S + Tq) F (K + 1)`` through the summary, so this form is the cheaper one while the source is
+short next to the feature size: at sentence lengths (tens of tokens, ``F`` in the hundreds) several
+times cheaper, in training and in each decoding step alike. The source's keys and values are then
+the decoding state, ``S (F + K)`` numbers per head instead of ``F (K + 1)``.
 """
 from typing import Optional
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
+from ..denominator import DEFAULT_EPS, guarded_ratio
+from .state import feature_products, ungroup
 
 
-def quadratic_is_cheaper(Tq: int, S: int, Fd: int, K: int) -> bool:
-    """Whether :func:`cross_rfa_quadratic` takes fewer multiply-adds than the summary path."""
+def quadratic_is_cheaper(S: int, Fd: int, K: int, Tq: Optional[int] = None) -> bool:
+    """Whether :func:`cross_rfa_quadratic` takes fewer multiply-adds than the summary for ``Tq``
+    queries per source; ``Tq=None``: per query, for a decoder that reads the source at every step."""
+    if Tq is None:
+        return S * (Fd + K + 1) < Fd * (K + 1)
     return Tq * S * (Fd + K + 1) < (S + Tq) * Fd * (K + 1)
 
 
@@ -25,12 +29,11 @@ def cross_rfa_quadratic(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS,
     out_dtype=None, absolute: bool = False,
 ) -> Tensor:
-    """q: ``[B, H, Tq, F]``, k: ``[B, H, S, F]``, v: ``[B, H, S, K]``, key_padding_mask ``[B, S]``
-    (True = pad). Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``), equal to
+    """q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]``, v: ``[Bs, H, S, K]``, key_padding_mask
+    ``[Bs, S]`` (True = pad) for ``Bs`` = ``B`` or ``B / beam`` sources (beam rows sentence-major).
+    Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``), equal to
     ``cross_rfa_apply(q, cross_rfa_state(k, v, key_padding_mask))``."""
-    acc = compute_dtype(q)
-    scores = q.to(acc) @ k.to(acc).transpose(-1, -2)  # [B, H, Tq, S]
-    if key_padding_mask is not None:
-        scores = scores.masked_fill(key_padding_mask[:, None, None, :].to(torch.bool), 0.0)
-    o = scores @ F.pad(v.to(acc), (0, 1), value=1.0)  # numerator | denominator
-    return guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)
+    scores = feature_products(q, k, key_padding_mask)
+    o = scores @ F.pad(v.to(scores.dtype), (0, 1), value=1.0)  # numerator | denominator
+    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)
+    return ungroup(out, q.shape[0], q.shape[2])

@@ -4,7 +4,7 @@
 non-padding source positions, kept packed as ``[S | z]`` (one matmul per query). A state computed
 for ``Bs`` sources can serve ``Bs * beam`` query rows laid out sentence-major (rows
 ``i * beam ... (i + 1) * beam - 1`` share source ``i``), as in fairseq's beam search: the queries
-are grouped, and the state is never copied per beam.
+are grouped, and the state is never copied per beam (:func:`group_queries`).
 """
 from typing import Optional, Tuple, Union
 
@@ -48,11 +48,19 @@ def key_norm_weights(k: Tensor, key_padding_mask: Optional[Tensor] = None) -> Te
     return torch.exp(log_w - top)
 
 
-def _group(q: Tensor, num_sources: int) -> Tensor:
-    B = q.shape[0]
+def group_queries(q: Tensor, num_sources: int) -> Tensor:
+    """``[B, H, Tq, F]`` -> ``[Bs, H, beam * Tq, F]``: the query rows of each source's beams
+    side by side, so that one matmul per source and head serves all of them."""
+    B, H, Tq, Fd = q.shape
     if B % num_sources != 0:
         raise ValueError(f"{B} query rows cannot share {num_sources} source states")
-    return q.reshape(num_sources, B // num_sources, *q.shape[1:])
+    return q.reshape(num_sources, B // num_sources, H, Tq, Fd).transpose(1, 2).reshape(num_sources, H, -1, Fd)
+
+
+def ungroup(out: Tensor, B: int, Tq: int) -> Tensor:
+    """The inverse of :func:`group_queries` for a result ``[Bs, H, beam * Tq, K]``."""
+    Bs, H, _, K = out.shape
+    return out.reshape(Bs, H, B // Bs, Tq, K).transpose(1, 2).reshape(B, H, Tq, K)
 
 
 def cross_rfa_apply(q: Tensor, state: State, eps: float = DEFAULT_EPS, out_dtype=None,
@@ -62,31 +70,29 @@ def cross_rfa_apply(q: Tensor, state: State, eps: float = DEFAULT_EPS, out_dtype
 
     Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
     Sz = state if isinstance(state, Tensor) else pack_state(*state)
-    Bs = Sz.shape[0]
-    B, H, Tq, Fd = q.shape
-    # [B, H, Tq, F] -> [Bs, H, beam * Tq, F]: the rows of one source's beams as one matmul.
-    qg = _group(q.to(Sz.dtype), Bs).transpose(1, 2).reshape(Bs, H, -1, Fd)
-    o = torch.matmul(qg, Sz)  # numerator | denominator
-    K = o.shape[-1] - 1
-    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)  # [Bs, H, beam * Tq, K]
-    return out.reshape(Bs, H, B // Bs, Tq, K).transpose(1, 2).reshape(B, H, Tq, K)
+    o = group_queries(q.to(Sz.dtype), Sz.shape[0]) @ Sz  # numerator | denominator
+    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)
+    return ungroup(out, q.shape[0], q.shape[2])
+
+
+def feature_products(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+    """``phi(q_i) . phi(k_j)`` for the queries of each source's beams: ``[Bs, H, beam * Tq, S]``
+    in the accumulation dtype, zero at padded keys. q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]``."""
+    acc = compute_dtype(q)
+    scores = group_queries(q.to(acc), k.shape[0]) @ k.to(acc).transpose(-1, -2)
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :].to(torch.bool), 0.0)
+    return scores
 
 
 def cross_rfa_weights(
-    q: Tensor, k: Tensor, state: State, key_padding_mask: Optional[Tensor] = None,
-    eps: float = DEFAULT_EPS, absolute: bool = False,
+    q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS, absolute: bool = False,
 ) -> Tensor:
-    """The attention weights RFA applies implicitly: ``phi(q_i).phi(k_j) / guard(phi(q_i).z)``.
+    """The attention weights RFA applies implicitly: ``phi(q_i).phi(k_j) / guard(phi(q_i).z)``,
+    with ``phi(q_i).z`` as the sum of the row's products.
 
-    q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]`` for the ``Bs`` sources of ``state``.
-    Returns ``[B, H, Tq, S]`` in fp32 (zero at padding)."""
-    Bs = k.shape[0]
-    z = unpack_state(state)[1] if isinstance(state, Tensor) else state[1]
-    acc = z.dtype
-    qg = _group(q.to(acc), Bs)
-    scores = torch.einsum("sbhtf,shjf->sbhtj", qg, k.to(acc))
-    if key_padding_mask is not None:
-        scores = scores.masked_fill(key_padding_mask[:, None, None, None, :].to(torch.bool), 0.0)
-    den = guard(torch.einsum("sbhtf,shf->sbht", qg, z), eps, absolute)
-    w = scores / den.unsqueeze(-1)
-    return w.reshape(q.shape[0], *w.shape[2:])
+    q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]`` for ``Bs`` = ``B`` or ``B / beam`` sources.
+    Returns ``[B, H, Tq, S]`` in fp32 (fp64 for fp64 inputs), zero at padding."""
+    scores = feature_products(q, k, key_padding_mask)
+    w = scores / guard(scores.sum(-1), eps, absolute).unsqueeze(-1)
+    return ungroup(w, q.shape[0], q.shape[2])
