@@ -38,16 +38,17 @@ SETTINGS = {
 }
 RFA = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en"]
 GATE = RFA + ["--rfa-gate"]
+PAPER_GATE = GATE + ["--rfa-gate-bias", "0"]  # the paper's gate (bias 0 was the default until the study)
 VARIANTS = {
     "softmax": ["--arch", "transformer_iwslt_de_en"],
     "rfa": RFA,
-    "rfa_gate": GATE,
+    "rfa_gate": PAPER_GATE,
     # each idea of the quality issue alone
     "gate_bias2": GATE + ["--rfa-gate-bias", "2"],
-    "gate_decay": GATE + ["--rfa-gate-form", "decay"],
+    "gate_decay": PAPER_GATE + ["--rfa-gate-form", "decay"],
     "gate_decay_bias2": GATE + ["--rfa-gate-form", "decay", "--rfa-gate-bias", "2"],
     "rfa_authors_floor": RFA + ["--rfa-eps", "1.56", "--rfa-cross-abs-denominator"],
-    "gate_sigma2": GATE + ["--rfa-init-sigma", "2"],
+    "gate_sigma2": PAPER_GATE + ["--rfa-init-sigma", "2"],
     "rfa_sigma2": RFA + ["--rfa-init-sigma", "2"],
     "rfa_norm_rescale": RFA + ["--rfa-cross-norm-rescale"],
     # the other feature maps

@@ -54,7 +54,8 @@ class CausalRFAttention(RFAttentionBase):
         gate: learn ``g_t = sigmoid(w_g . x_t + b_g)`` per head and step.
         gate_form: ``"convex"``, the paper's ``S_t = g_t S_{t-1} + (1 - g_t) phi(k_t) v_t^T``, or
             ``"decay"``, ``S_t = g_t S_{t-1} + phi(k_t) v_t^T`` (the RFA slides, GLA).
-        gate_bias: the initial ``b_g`` (0: ``g`` starts near 0.5, about two tokens of memory).
+        gate_bias: the initial ``b_g`` (2: ``g`` starts near 0.88, about eight tokens of memory;
+            0, the paper's: near 0.5, about two tokens).
         recompute: under autograd, keep only the heads ``q, k, v`` (and log-gates) of a
             whole-sequence call for the backward pass, and compute the feature maps and the
             chunked form again there, instead of keeping their intermediates (about four times
@@ -65,7 +66,7 @@ class CausalRFAttention(RFAttentionBase):
 
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, gate: bool = False,
                  bias: bool = True, eps: float = DEFAULT_EPS, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                 recompute: bool = False, gate_form: str = "convex", gate_bias: float = 0.0):
+                 recompute: bool = False, gate_form: str = "convex", gate_bias: float = 2.0):
         super().__init__(embed_dim, num_heads, feature_map, bias=bias, eps=eps, recompute=recompute)
         if gate_form not in GATE_FORMS:
             raise ValueError(f"gate_form must be one of {GATE_FORMS}, got {gate_form!r}")

@@ -128,7 +128,7 @@ def test_refuses_rfa_and_non_transformer_checkpoints(softmax, tmp_path, capsys):
     with pytest.raises(SystemExit, match="'lstm_lm' .*is not a fairseq softmax transformer"):
         convert(tmp_path / "lstm.pt", tmp_path / "out.pt")
     with pytest.raises(SystemExit, match="--rfa-gate-bias.*need --rfa-gate"):
-        convert(softmax["lm"], tmp_path / "out.pt", "--rfa-gate-bias", "2")
+        convert(softmax["lm"], tmp_path / "out.pt", "--rfa-gate-bias", "3")
     assert not (tmp_path / "out.pt").exists()
 
 

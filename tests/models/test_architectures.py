@@ -56,7 +56,7 @@ def test_translation_model_structure(translation_model):
     (["--rfa-init-sigma", "-1"], "--rfa-init-sigma"),
     (["--rfa-gate", "--rfa-gate-bias", "nan"], "--rfa-gate-bias"),
     (["--rfa-gate-form", "decay"], "need --rfa-gate"),
-    (["--rfa-gate-bias", "2"], "need --rfa-gate"),
+    (["--rfa-gate-bias", "3"], "need --rfa-gate"),
     (["--decoder-attention-heads", "5"], "--decoder-attention-heads"),
 ])
 def test_invalid_flag_values_name_the_flag(lm_model, translation_model, bad, flag):
@@ -78,17 +78,19 @@ def test_gate_flags_reach_the_modules(translation_model, lm_model):
     --rfa-cross-abs-denominator the cross attention's guard, --rfa-cross-norm-rescale its key weights."""
     import math
 
-    _, model = translation_model("--rfa-gate", "--rfa-gate-form", "decay", "--rfa-gate-bias", "2",
+    _, model = translation_model("--rfa-gate", "--rfa-gate-form", "decay", "--rfa-gate-bias", "3",
                                  "--rfa-cross-abs-denominator", "--rfa-cross-norm-rescale")
     for layer in model.decoder.layers:
         assert not layer.self_attn.convex and layer.encoder_attn.abs_denominator and layer.encoder_attn.norm_rescale
-        assert torch.equal(layer.self_attn.gate_proj.bias, torch.full((layer.self_attn.num_heads,), 2.0))
+        assert torch.equal(layer.self_attn.gate_proj.bias, torch.full((layer.self_attn.num_heads,), 3.0))
         g0 = torch.sigmoid(layer.self_attn.gate_proj(torch.zeros(1, layer.self_attn.embed_dim)))
-        torch.testing.assert_close(g0, torch.full_like(g0, 1 / (1 + math.exp(-2))))
-    _, lm = lm_model("--rfa-gate")
-    for layer in lm.decoder.layers:
-        assert layer.self_attn.convex and torch.equal(layer.self_attn.gate_proj.bias,
-                                                      torch.zeros(layer.self_attn.num_heads))
+        torch.testing.assert_close(g0, torch.full_like(g0, 1 / (1 + math.exp(-3))))
+    # the defaults: the convex form, the gate starting near sigmoid(2); the paper's bias 0 by flag
+    for extra, bias in ((), 2.0), (("--rfa-gate-bias", "0"), 0.0):
+        _, lm = lm_model("--rfa-gate", *extra)
+        for layer in lm.decoder.layers:
+            assert layer.self_attn.convex and torch.equal(layer.self_attn.gate_proj.bias,
+                                                          torch.full((layer.self_attn.num_heads,), bias))
 
 
 def _attention_modules(model):
