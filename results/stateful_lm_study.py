@@ -3,17 +3,18 @@
 the WikiText-103 text in ../shared/data (split by article, as results/wikitext_small.sh): a
 resumable queue of runs that appends one JSON line per run.
 
-    python results/stateful_lm_study.py                        # the three variants, seed 1
+    python results/stateful_lm_study.py                        # the four variants, seed 1
     python results/stateful_lm_study.py --updates 2000 --seeds 1 2
     python results/stateful_lm_study.py --report
 
 Same model (4 layers, 256 dims, 4 heads, FFN 1024, adaptive softmax) and budget (--updates of
-16 rows x --block tokens) for all three:
+16 rows x --block tokens) for all four (RFA without the gate is the quality study's LM row):
   softmax            transformer_lm, --task language_modeling; test perplexity of fixed blocks and
                      with fairseq's sliding --context-window (half a block)
   rfa_gate           rfa_transformer_lm --rfa-gate, --task language_modeling (every block alone)
+  rfa                rfa_transformer_lm, --task language_modeling
   rfa_gate_stateful  the same model with --task rfa_stateful_lm (state carried across updates)
-Both RFA models are scored both ways: blocks alone (--task language_modeling) and with the state
+The RFA models are scored both ways: blocks alone (--task language_modeling) and with the state
 carried through the whole test split (--task rfa_stateful_lm, one stream). A recorded run is
 skipped; an interrupted one resumes from its checkpoint (work folder --work).
 """
@@ -27,11 +28,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 BIN = Path(PY).parent
-RFA = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_lm", "--rfa-gate"]
+RFA = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_lm"]
 VARIANTS = {
     "softmax": ("language_modeling", ["--arch", "transformer_lm"]),
-    "rfa_gate": ("language_modeling", RFA),
-    "rfa_gate_stateful": ("rfa_stateful_lm", RFA),
+    "rfa_gate": ("language_modeling", RFA + ["--rfa-gate"]),
+    "rfa": ("language_modeling", RFA),
+    "rfa_gate_stateful": ("rfa_stateful_lm", RFA + ["--rfa-gate"]),
 }
 ROWS = 16  # rows per batch for both tasks (language_modeling: --max-tokens ROWS * block)
 
