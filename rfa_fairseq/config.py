@@ -138,8 +138,10 @@ def rfa_config_from(args) -> RFAConfig:
     if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or abs(v) == float("inf"):
         raise ValueError(f"--rfa-gate-bias must be a finite number, got {v!r}")
     values["rfa_gate"] = bool(values["rfa_gate"])
+    # Without the gate, a bias other than a default (2 now, 0 before: a checkpoint's saved arguments
+    # carry the default of its day) can only be a mistake.
     if not values["rfa_gate"] and (values["rfa_gate_form"] != _DEFAULTS.rfa_gate_form
-                                   or values["rfa_gate_bias"] != _DEFAULTS.rfa_gate_bias):
+                                   or values["rfa_gate_bias"] not in (_DEFAULTS.rfa_gate_bias, 0.0)):
         raise ValueError("--rfa-gate-form and --rfa-gate-bias shape the gate: they need --rfa-gate")
     values["rfa_cross_abs_denominator"] = bool(values["rfa_cross_abs_denominator"])
     values["rfa_cross_norm_rescale"] = bool(values["rfa_cross_norm_rescale"])

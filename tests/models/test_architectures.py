@@ -73,6 +73,14 @@ def test_unknown_choices_rejected_by_parser(lm_model, translation_model, capsys,
         assert flag in capsys.readouterr().err
 
 
+def test_models_saved_before_the_gate_bias_default_changed_still_build(translation_model, lm_model):
+    """A model without the gate saved when --rfa-gate-bias defaulted to 0 carries that 0 in its
+    arguments: it must still build (and load)."""
+    for make in (translation_model, lm_model):
+        _, model = make("--rfa-gate-bias", "0")
+        assert all(layer.self_attn.gate_proj is None for layer in model.decoder.layers)
+
+
 def test_gate_flags_reach_the_modules(translation_model, lm_model):
     """--rfa-gate-bias sets the gate's starting value, --rfa-gate-form its form, and
     --rfa-cross-abs-denominator the cross attention's guard, --rfa-cross-norm-rescale its key weights."""
