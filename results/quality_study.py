@@ -10,8 +10,9 @@ Every run trains one model with fairseq-train, decodes valid and test with fairs
 (beam 4), scores them with sacreBLEU and appends one JSON line to --out (default
 results/quality_study.jsonl): BLEU, seconds per update, and the diagnostics of
 scripts/rfa_diagnostics.py on the valid split. A run already recorded is skipped; an interrupted
-one resumes from its checkpoint (its work folder is kept under work/study/). Run one study at a
-time: two training jobs on the same cores spoil each other's timings.
+one resumes from its checkpoint (its work folder is kept under work/study/). Two training jobs on
+the same cores spoil each other's timings: run one queue at a time, or pin each queue to its own
+core (``OMP_NUM_THREADS=1 taskset -c N``); each record says how many threads its training had.
 
 Settings choose on the valid split; the test split is reported.
 """
