@@ -1,11 +1,11 @@
 """CrossRFAttention: RFA for the decoder's attention over the encoder output.
 
 Drop-in for fairseq's MultiheadAttention in a decoder layer's ``encoder_attn`` slot. Layout:
-Time x Batch x Channel. The source is read in one of two exact forms, whichever costs fewer
-multiply-adds (``ops.quadratic_is_cheaper``): summarised once into ``Sz = [S | z]``
-``[Bs, H, F, K + 1]`` (padding excluded), read at O(F K) per query and head; or, for sources
-short next to the feature size (sentences), kept as its keys' features and values and read
-through the ``[Tq, S]`` feature products at O(S (F + K)). Either is the decoding state.
+Time x Batch x Channel. In decoding the source is summarised once into ``Sz = [S | z]``
+``[Bs, H, F, K + 1]`` (padding excluded), read at O(F K) per query and head. A whole target at
+once (training, scoring) takes whichever of that summary and the ``[Tq, S]`` feature products
+costs fewer multiply-adds (``ops.quadratic_is_cheaper``): the same numbers either way. Where the
+attention weights are asked for, the keys' features are kept and give both.
 
 Beam search (fairseq's SequenceGenerator calls ``set_beam_size``): the encoder output is
 repeated ``beam`` times, sentence-major, so the state is computed from one copy per sentence
@@ -71,9 +71,8 @@ class CrossRFAttention(RFAttentionBase):
     def _source_state(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], rows: int,
                       keep_keys: bool) -> Dict[str, Optional[Tensor]]:
         """What the queries read (from one copy of each source when ``rows`` > 1): the summary
-        ``Sz``, or the keys' features ``k`` with the values ``v`` and the padding mask, where
-        reading those costs less per query or where the attention weights are asked for
-        (``keep_keys``)."""
+        ``Sz``, or, where the attention weights are asked for (``keep_keys``), the keys' features
+        ``k`` with the values ``v`` and the padding mask, which give both the weights and the output."""
         if rows > 1:
             key, value = key[:, ::rows], value[:, ::rows]
             if key_padding_mask is not None:
@@ -81,7 +80,7 @@ class CrossRFAttention(RFAttentionBase):
         k = self._key_features(split_heads(self.k_proj(key), self.num_heads), key_padding_mask)
         v = split_heads(self.v_proj(value), self.num_heads)
         saved: Dict[str, Optional[Tensor]] = {"rows_per_source": torch.tensor([rows])}
-        if keep_keys or quadratic_is_cheaper(k.shape[2], k.shape[-1], v.shape[-1]):
+        if keep_keys:
             saved.update(k=k, v=v, key_padding_mask=key_padding_mask)
         else:
             saved["Sz"] = cross_rfa_state(k, v, key_padding_mask, packed=True)

@@ -126,11 +126,11 @@ def _cross_state(saved):
     return [saved["Sz"]] if "Sz" in saved else [saved["k"], saved["v"]]
 
 
-@pytest.mark.parametrize("S", [7, 12], ids=["keys-form", "summary-form"])
+@pytest.mark.parametrize("S", [7, 12], ids=["full-pass-quadratic", "full-pass-summary"])
 def test_cross_incremental_beam_sharing_and_reorder(S):
-    """One source state per sentence (the keys below the break-even length, F (K + 1) / (F + K + 1)
-    = 8.1 here, the summary above it), equal to the full forward, left alone when beams move
-    within their sentences and indexed by sentence when sentences finish."""
+    """One source summary per sentence, equal to the full forward (which takes the quadratic form
+    for the shorter source), left alone when beams move within their sentences and indexed by
+    sentence when sentences finish; asked for weights, the state keeps the keys."""
     torch.manual_seed(2)
     beam, bsz = 3, 4
     attn = CrossRFAttention(C, H, fmap(1)).eval()
@@ -146,10 +146,8 @@ def test_cross_incremental_beam_sharing_and_reorder(S):
         full0, _ = attn(steps[0], enc_b, enc_b, key_padding_mask=mask_b)
         torch.testing.assert_close(out0, full0, rtol=1e-5, atol=1e-6)
         saved = attn._get_input_buffer(state)
-        assert ("Sz" in saved) == (S == 12)
         before = _cross_state(saved)
-        shapes = [(bsz, H, 80, C // H + 1)] if S == 12 else [(bsz, H, S, 80), (bsz, H, S, C // H)]
-        assert [t.shape for t in before] == shapes  # one source state per sentence, not per beam
+        assert [t.shape for t in before] == [(bsz, H, 80, C // H + 1)]  # one per sentence, not per beam
         within = torch.arange(bsz * beam).view(bsz, beam).flip(1).reshape(-1)  # reorder beams inside sentences
         attn.reorder_incremental_state(state, within)
         assert all(a is b for a, b in zip(_cross_state(attn._get_input_buffer(state)), before))  # no copy

@@ -114,10 +114,9 @@ def test_quadratic_form_matches_naive(gen, B, Tq, S, Fd, K, pattern, dtype, rtol
 
 def test_quadratic_is_cheaper_where_the_lengths_are_short():
     """Sentence lengths against the default feature sizes take the quadratic form; long sources
-    and targets the summary. Per decoding query the break-even source length is F (K + 1) / (F + K + 1)."""
+    and targets the summary."""
     assert quadratic_is_cheaper(20, 256, 64, Tq=20) and quadratic_is_cheaper(25, 128, 64, Tq=30)
     assert not quadratic_is_cheaper(200, 256, 64, Tq=200) and not quadratic_is_cheaper(60, 256, 64, Tq=512)
-    assert quadratic_is_cheaper(51, 256, 64) and not quadratic_is_cheaper(52, 256, 64)
 
 
 @pytest.mark.parametrize("pattern", ["right", "left", "random"])

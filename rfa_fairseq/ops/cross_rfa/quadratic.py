@@ -3,10 +3,11 @@
 By associativity ``phi(q_i).S = sum_j (phi(q_i).phi(k_j)) v_j`` and ``phi(q_i).z = sum_j
 phi(q_i).phi(k_j)``: the numbers of the summary path (``state.py``) through the ``[Tq, S]`` feature
 products. Per head, ``Tq`` queries of one source cost ``Tq S (F + K + 1)`` multiply-adds here and
-``(S + Tq) F (K + 1)`` through the summary, so this form is the cheaper one while the source is
-short next to the feature size: at sentence lengths (tens of tokens, ``F`` in the hundreds) several
-times cheaper, in training and in each decoding step alike. The source's keys and values are then
-the decoding state, ``S (F + K)`` numbers per head instead of ``F (K + 1)``.
+``(S + Tq) F (K + 1)`` through the summary, so this form is the cheaper one while the source and
+target are short next to the feature size: at sentence lengths (tens of tokens, ``F`` in the
+hundreds) several times cheaper in training. (A decoding step, one query per beam, would save as
+much per step, but measured on real sentences the whole decode gained a few percent, not worth a
+second kind of decoding state.)
 """
 from typing import Optional
 
@@ -17,11 +18,9 @@ from ..denominator import DEFAULT_EPS, guarded_ratio
 from .state import feature_products, ungroup
 
 
-def quadratic_is_cheaper(S: int, Fd: int, K: int, Tq: Optional[int] = None) -> bool:
+def quadratic_is_cheaper(S: int, Fd: int, K: int, Tq: int) -> bool:
     """Whether :func:`cross_rfa_quadratic` takes fewer multiply-adds than the summary for ``Tq``
-    queries per source; ``Tq=None``: per query, for a decoder that reads the source at every step."""
-    if Tq is None:
-        return S * (Fd + K + 1) < Fd * (K + 1)
+    queries per source."""
     return Tq * S * (Fd + K + 1) < (S + Tq) * Fd * (K + 1)
 
 
