@@ -21,19 +21,19 @@ read -r -a RFA <<< "${RFA_FLAGS:---rfa-gate}"
 if [ "$SMOKE" = 1 ]; then
   SOFTMAX_UPDATES=${SOFTMAX_UPDATES:-6}
   read -r -a MODEL <<< "${MODEL_ARGS:---encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 32 --decoder-embed-dim 32 --encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 --encoder-attention-heads 4 --decoder-attention-heads 4}"
-  RUN=(--cpu --num-workers 0 --max-tokens 1000 --log-interval 1 --lr 1e-3 --warmup-updates 2)
+  RUN_FLAGS=(--cpu --num-workers 0 --max-tokens 1000 --log-interval 1 --lr 1e-3 --warmup-updates 2)
   POST=()
 else
   SOFTMAX_UPDATES=${SOFTMAX_UPDATES:-2000}
   read -r -a MODEL <<< "${MODEL_ARGS:---encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --decoder-ffn-embed-dim 1024 --encoder-attention-heads 4 --decoder-attention-heads 4}"
-  RUN=(--max-tokens 4096 --log-interval 50 --lr 2e-3 --warmup-updates 400)
+  RUN_FLAGS=(--max-tokens 4096 --log-interval 50 --lr 2e-3 --warmup-updates 400)
   POST=(--post-process sentencepiece)
 fi
 FINETUNE_UPDATES=${FINETUNE_UPDATES:-$(( (SOFTMAX_UPDATES + 4) / 5 ))}
 DATA=$WORK/data
 COMMON=(--user-dir "$USER_DIR" --share-decoder-input-output-embed --dropout 0.3 --weight-decay 0.0001
         --optimizer adam --adam-betas '(0.9, 0.98)' --lr-scheduler inverse_sqrt --criterion label_smoothed_cross_entropy
-        --label-smoothing 0.1 --seed "$SEED" --no-epoch-checkpoints --no-progress-bar "${RUN[@]}" "${MODEL[@]}")
+        --label-smoothing 0.1 --seed "$SEED" --no-epoch-checkpoints --no-progress-bar ${RUN_FLAGS[@]+"${RUN_FLAGS[@]}"} ${MODEL[@]+"${MODEL[@]}"})
 
 prepare() {
   if [ "$SMOKE" = 1 ]; then  # the first lines of the shipped (tokenised) text, no subword model
@@ -54,17 +54,17 @@ score() {  # score NAME CHECKPOINT: beam 4 on test, BLEU as fairseq-generate rep
   log "$1: $(grep -o 'BLEU4 = [0-9.]*' "$WORK/logs/score_$1.log")"
 }
 train_softmax() {
-  fairseq-train "$DATA/bin" --arch transformer_iwslt_de_en "${COMMON[@]}" --max-update "$SOFTMAX_UPDATES" \
+  fairseq-train "$DATA/bin" --arch transformer_iwslt_de_en ${COMMON[@]+"${COMMON[@]}"} --max-update "$SOFTMAX_UPDATES" \
     --save-dir "$WORK/softmax" > "$WORK/logs/softmax.log" 2>&1
 }
 finetune() {
-  fairseq-train "$DATA/bin" --arch rfa_transformer_iwslt_de_en "${RFA[@]}" "${COMMON[@]}" --max-update "$FINETUNE_UPDATES" \
+  fairseq-train "$DATA/bin" --arch rfa_transformer_iwslt_de_en ${RFA[@]+"${RFA[@]}"} ${COMMON[@]+"${COMMON[@]}"} --max-update "$FINETUNE_UPDATES" \
     --finetune-from-model "$WORK/converted.pt" --save-dir "$WORK/finetuned" > "$WORK/logs/finetune.log" 2>&1
 }
 SOFTMAX=${SOFTMAX_CKPT:-$WORK/softmax/checkpoint_last.pt}
 step prepare prepare
 [ -n "${SOFTMAX_CKPT:-}" ] || step softmax train_softmax
-step convert python "$ROOT/scripts/convert_from_softmax.py" --input "$SOFTMAX" --output "$WORK/converted.pt" --seed "$SEED" "${RFA[@]}"
+step convert python "$ROOT/scripts/convert_from_softmax.py" --input "$SOFTMAX" --output "$WORK/converted.pt" --seed "$SEED" ${RFA[@]+"${RFA[@]}"}
 step score_converted score converted "$WORK/converted.pt"
 step finetune finetune
 step score_finetuned score finetuned "$WORK/finetuned/checkpoint_last.pt"
