@@ -427,6 +427,8 @@ speed_table() {
   local runs=() extra=() models=() run ckpt
   while [ $# -gt 0 ] && [ "$1" != -- ]; do runs+=("$1"); shift; done
   [ $# -gt 0 ] && shift && extra=("$@")
+  # smoke models are untrained: cap their outputs (and stay on the CPU)
+  if [ "$SMOKE" = 1 ]; then extra+=(--cpu --max-len-a 1.2 --max-len-b 10); fi
   [ ${#runs[@]} -gt 0 ] || runs=("softmax${SIZE_SUFFIX:-}" "rfa${SIZE_SUFFIX:-}" "rfa_gate${SIZE_SUFFIX:-}")
   for run in "${runs[@]}"; do
     ckpt=$({ find "$WORK/eval/$run" -maxdepth 1 -name 'checkpoint.u*.avg*.pt' 2>/dev/null || true; } |

@@ -18,10 +18,4 @@ recipe_init wmt14_en_fr
 select_size base big
 SRC=en TGT=fr LENPEN=0.6
 [ -f "$DATA_BIN/dict.fr.txt" ] || die "no binarised data in $DATA_BIN: run prepare.sh first"
-SPEED_ARGS=()
-if [ "$SMOKE" = 1 ]; then SPEED_ARGS=(--cpu --max-len-a 1.2 --max-len-b 10); fi
-if [[ " $* " == *" -- "* ]]; then
-  speed_table "$@" ${SPEED_ARGS[@]+"${SPEED_ARGS[@]}"}
-else
-  speed_table "$@" -- ${SPEED_ARGS[@]+"${SPEED_ARGS[@]}"}
-fi
+speed_table "$@"
