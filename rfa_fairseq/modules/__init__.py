@@ -1,6 +1,10 @@
-"""fairseq modules: RFA attention layers with fairseq's incremental-state protocol."""
+"""fairseq modules: RFA attention layers with fairseq's incremental-state protocol, and the
+encoder self-attentions (softmax, RFA, FAVOR+, LARA) behind one builder."""
 from .causal_rfa_attention import CausalRFAttention
 from .cross_rfa_attention import CrossRFAttention
+from .encoder_attention import ENCODER_ATTENTIONS, EncoderRFAttention, build_encoder_self_attention
+from .lara_attention import LARAttention
 from .random_feature_map import RandomFeatureMap
 
-__all__ = ["CausalRFAttention", "CrossRFAttention", "RandomFeatureMap"]
+__all__ = ["CausalRFAttention", "CrossRFAttention", "ENCODER_ATTENTIONS", "EncoderRFAttention", "LARAttention",
+           "RandomFeatureMap", "build_encoder_self_attention"]

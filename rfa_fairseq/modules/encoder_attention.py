@@ -1,0 +1,80 @@
+"""Encoder self-attention of every kind, behind one builder: softmax, RFA, FAVOR+ or LARA.
+
+:func:`build_encoder_self_attention` returns a module that fits the ``self_attn`` slot of
+fairseq's ``TransformerEncoderLayerBase`` (and any other caller, such as an encoder-only
+classifier): ``forward(query, key, value, key_padding_mask=None, need_weights=False,
+attn_mask=None)`` in Time x Batch x Channel, returning ``(out [T, B, C], None)`` for the linear
+kinds. ``softmax`` is fairseq's own MultiheadAttention (which returns its weights when asked).
+
+The linear kinds are non-causal attention over the whole source, padding excluded as keys:
+
+- ``rfa``: random Fourier (sin/cos) features of the unit-normalised queries and keys with a
+  learned sigma, the decoder's feature map (``ops.feature_maps``, kernel ``gaussian``);
+- ``favor``: Performer's positive features (kernel ``favor``) through the same code;
+- ``lara``: linear randomised attention (Zheng, Wang and Kong, ICML 2022; ``ops.lara``), which
+  estimates softmax attention itself from ``landmarks`` proposals.
+
+``rfa`` and ``favor`` are the decoder's cross attention (``CrossRFAttention``, ``ops.cross_rfa``)
+with the source as its own keys: one code path computes both.
+"""
+from typing import Optional, Tuple
+
+from fairseq.modules import MultiheadAttention
+from torch import Tensor, nn
+
+from .cross_rfa_attention import CrossRFAttention
+from .lara_attention import LARAttention, check_self_attention_call
+from .random_feature_map import RandomFeatureMap
+
+ENCODER_ATTENTIONS = ("softmax", "rfa", "favor", "lara")
+# The feature map of each random-feature kind (a kernel of ops.feature_maps).
+RFA_KERNELS = {"rfa": "gaussian", "favor": "favor"}
+
+
+class EncoderRFAttention(CrossRFAttention):
+    """Non-causal RFA self-attention over the source: cross RFA with the source as its own keys.
+
+    Whole-sequence only (an encoder has no incremental state). ``need_weights`` is accepted for
+    fairseq's call signature and yields None: the weights would cost the T x T matrix that linear
+    attention avoids (``CrossRFAttention`` gives them where a decoder asks for alignments).
+    """
+
+    def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
+                key_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
+                attn_mask: Optional[Tensor] = None) -> Tuple[Tensor, None]:
+        """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad). Returns ``([T, B, C], None)``."""
+        check_self_attention_call(type(self).__name__, query, key, value, attn_mask)
+        out, _ = super().forward(query, query, query, key_padding_mask=key_padding_mask)
+        return out, None
+
+
+def build_encoder_self_attention(kind: str, embed_dim: int, num_heads: int, dropout: float = 0.0,
+                                 feature_dim: int = 64, landmarks: int = 16, module_id: int = 0) -> nn.Module:
+    """The encoder self-attention module of ``kind`` (one of :data:`ENCODER_ATTENTIONS`).
+
+    Args:
+        embed_dim: model dimension ``C``; num_heads: ``H`` (``C`` divisible by ``H``).
+        dropout: attention dropout of ``softmax`` (on its attention probabilities). The linear
+            kinds form no attention probabilities, so there is nothing for it to drop there.
+        feature_dim: random features ``D`` per head of ``rfa`` (phi has ``2D`` values) and ``favor``.
+        landmarks: ``C`` of ``lara``: landmarks, proposals and samples per head.
+        module_id: tells the random matrix of ``rfa`` / ``favor`` apart from every other module's
+            of the model (draws are seeded from fairseq's seed, the update number and this id;
+            ``lara`` samples from torch's random stream, see ``LARAttention``).
+    Raises ValueError naming the bad argument.
+    """
+    if kind not in ENCODER_ATTENTIONS:
+        raise ValueError(f"encoder attention must be one of {ENCODER_ATTENTIONS}, got {kind!r}")
+    if num_heads < 1 or embed_dim % num_heads != 0:
+        raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+    if kind == "softmax":
+        return MultiheadAttention(embed_dim, num_heads, dropout=dropout, self_attention=True)
+    if kind == "lara":
+        if isinstance(landmarks, bool) or not isinstance(landmarks, int) or landmarks < 1:
+            raise ValueError(f"landmarks must be a positive integer, got {landmarks!r}")
+        return LARAttention(embed_dim, num_heads, landmarks=landmarks)
+    if isinstance(feature_dim, bool) or not isinstance(feature_dim, int) or feature_dim < 1:
+        raise ValueError(f"feature_dim must be a positive integer, got {feature_dim!r}")
+    feature_map = RandomFeatureMap(num_heads=num_heads, head_dim=embed_dim // num_heads, num_features=feature_dim,
+                                   kernel=RFA_KERNELS[kind], module_id=module_id)
+    return EncoderRFAttention(embed_dim, num_heads, feature_map)

@@ -1,0 +1,85 @@
+"""LARAttention: linear randomised attention (LARA) as a non-causal self-attention layer.
+
+For an encoder's ``self_attn`` slot (built by ``encoder_attention.build_encoder_self_attention``).
+Layout: Time x Batch x Channel in and out. The math is ``ops.lara``: softmax attention estimated
+from ``C`` landmark proposals in O(T C K) per head.
+
+Samples: in training each proposal draws one fresh ``N(mu_c, I)`` sample per sequence and head
+from torch's random stream (which fairseq reseeds from ``--seed`` and the update number, so runs
+and resumed runs repeat). In evaluation the sample is the proposal's mean (``noise = 0``), as the
+authors' code does: deterministic, nothing random to keep in the checkpoint, and in
+``tests/ops/test_lara.py`` several times closer to softmax attention than a random sample.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..ops.denominator import cast_finite
+from ..ops.lara import lara
+from .heads import merge_heads, split_heads
+from .rfa_attention_base import init_projection
+
+
+def check_self_attention_call(name: str, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                              attn_mask: Optional[Tensor]):
+    """The linear encoder attentions are self-attention with no attention matrix to mask."""
+    if (key is not None and key is not query) or (value is not None and value is not query):
+        raise ValueError(f"{name} is self-attention: key and value must be the query tensor (or None)")
+    if attn_mask is not None:
+        raise ValueError(f"{name} takes no attn_mask: linear attention never forms the T x T matrix it "
+                         "would mask (padding goes through key_padding_mask)")
+
+
+class LARAttention(nn.Module):
+    """LARA self-attention over a whole sequence (non-causal: the landmarks need every position).
+
+    Args:
+        embed_dim: model dimension ``C``; num_heads: ``H`` (``K = C / H``).
+        landmarks: ``C`` landmarks per head: proposals, and samples (one per proposal).
+        alpha_coeff: ``lambda`` of the query-specific weights (``ops.lara``; 1 as the paper).
+
+    Projections are initialised as fairseq's MultiheadAttention's, so a layer starts where a
+    softmax layer would; queries and keys are scaled by ``K^-1/4`` each, so the estimated
+    attention is ``softmax(q k^T / sqrt(K)) v``, the softmax layer's.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, landmarks: int = 16, bias: bool = True,
+                 alpha_coeff: float = 1.0):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        if landmarks < 1:
+            raise ValueError(f"landmarks must be a positive integer, got {landmarks!r}")
+        self.embed_dim, self.num_heads, self.landmarks = embed_dim, num_heads, landmarks
+        self.head_dim = embed_dim // num_heads
+        self.alpha_coeff = alpha_coeff
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            init_projection(proj, gain=2**-0.5)
+        init_projection(self.out_proj)
+
+    def noise(self, batch: int, device: torch.device) -> Tensor:
+        """Standard normal ``[B, H, C, K]`` in training (fresh per call), zeros ``[H, C, K]`` in eval."""
+        if self.training:
+            return torch.randn(batch, self.num_heads, self.landmarks, self.head_dim, device=device)
+        return torch.zeros(self.num_heads, self.landmarks, self.head_dim, device=device)
+
+    def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
+                key_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
+                attn_mask: Optional[Tensor] = None) -> Tuple[Tensor, None]:
+        """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad). Returns ``([T, B, C], None)``
+        (``need_weights`` is accepted for fairseq's call signature; LARA forms no weights)."""
+        check_self_attention_call(type(self).__name__, query, key, value, attn_mask)
+        scale = self.head_dim ** -0.25
+        q = split_heads(self.q_proj(query), self.num_heads) * scale
+        k = split_heads(self.k_proj(query), self.num_heads) * scale
+        v = split_heads(self.v_proj(query), self.num_heads)
+        out = lara(q, k, v, self.noise(query.size(1), query.device), key_padding_mask, self.alpha_coeff)
+        return self.out_proj(merge_heads(cast_finite(out, query.dtype))), None
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, head_dim={self.head_dim}, landmarks={self.landmarks}"

@@ -1,0 +1,212 @@
+"""LARA: linear randomised attention (Zheng, Wang and Kong, ICML 2022), pure torch.
+
+Layout: ``q, k, v`` are ``[B, H, T, K]``; ``key_padding_mask`` is ``[B, T]`` (True = pad). The
+queries and keys are *scaled* heads: softmax attention is ``softmax_j(q_i . k_j) v`` (a caller
+with raw heads multiplies each by ``K^-1/4``). Results are in fp32 (fp64 for fp64 inputs).
+
+**Why it works.** With ``xi(x, w) = exp(w . x - |x|^2 / 2)`` ("positive randomised mappings"),
+``exp(q . k) = E_{w ~ N(0, I)}[xi(q, w) xi(k, w)]``, and softmax attention of query ``n`` is the
+expectation of ``f_n(w) = sum_m xi(k_m, w) v_m / sum_m xi(k_m, w)`` under the Gaussian mixture
+``p_n(w) = sum_m softmax_m(q_n . k_m) N(w; q_n + k_m, I)`` (the paper's Prop. 1). Sampling
+``w ~ p_n`` for every query is *randomised attention* (RA): unbiased, but each query needs its own
+mixture over all keys, so it is quadratic (:func:`randomized_attention`). RFA / Performer draw
+``w ~ N(0, I)`` for every query instead and self-normalise, which is cheap and biased.
+
+**LARA** (the paper's Algorithm 3, default choices) draws from ``C`` proposals shared by all
+queries and makes the estimate query-specific through its weights:
+
+1. landmarks: the non-padding positions of each sequence cut into ``C`` contiguous segments;
+   ``q~_c``, ``k~_c`` are the means of the queries and of the keys in segment ``c``;
+2. proposals ``q_c(w) = N(w; mu_c, I)`` with ``mu_c = q~_c + k~_c`` (Eq. 34), one sample each,
+   ``w_c = mu_c + eps_c`` (``eps`` is the caller's standard normal draw, ``[H, C, K]`` or
+   ``[B, H, C, K]``: fixed noise makes the whole op deterministic and differentiable);
+3. query-specific multiple-importance weights (Eq. 9):
+   ``alpha_nc(w) = q_c(w) / sum_c' q_c'(w) + lambda (r_nc - 1 / C)`` with
+   ``r_nc = softmax_c(q_n . q~_c)`` (how close query ``n`` is to segment ``c``'s queries; the
+   authors' code makes the same choice). The first term is the balance heuristic; the second
+   moves weight towards the proposals of the query's own region, and sums to zero over ``c``,
+   so ``sum_c alpha_nc(w) = 1`` at every ``w`` as multiple importance sampling requires;
+4. the self-normalised estimate
+   ``out_n = sum_c a_nc f_n(w_c) / sum_c a_nc`` with ``a_nc = alpha_nc(w_c) p_n(w_c) / q_c(w_c)``.
+
+In that ratio ``p_n / q_c = xi(q_n, w) sum_m xi(k_m, w) / (Z_n xi(mu_c, w))`` (the ``N(w; 0, I)``
+factor of both densities and the normaliser ``Z_n`` cancel), so everything is a product of
+``C x T`` and ``C x C`` terms: O(T C K) time and memory per head, linear in the length. All of it
+is computed in log space (logsumexp, softmax), so large logits cannot overflow.
+
+**The guard.** ``alpha_nc`` is negative where the balance heuristic is small and the query is
+far from segment ``c``; a negative weight in a self-normalised sum can bring its denominator to
+zero. As the authors' code does, ``alpha`` is clamped at :data:`ALPHA_FLOOR` (> 0): the output is
+then a convex combination of the ``f_n(w_c)``, always finite.
+
+:func:`naive_lara` computes the same estimator from the explicit densities (no cancellations),
+with loops; it is the reference of the tests.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .denominator import compute_dtype
+
+ALPHA_FLOOR = 1e-8
+
+
+def segment_landmarks(x: Tensor, key_padding_mask: Optional[Tensor], num_landmarks: int) -> Tuple[Tensor, Tensor]:
+    """Means of ``x`` ``[B, H, T, K]`` over ``C = num_landmarks`` contiguous segments of the
+    non-padding positions of each sequence: ``[B, H, C, K]``, and ``present [B, C]`` (bool).
+
+    Position of rank ``r`` among the ``L`` non-padding positions of its row falls in segment
+    ``floor(r C / L)``: segments of ``floor(L / C)`` or ``ceil(L / C)`` positions. Padding is
+    skipped wherever it is (fairseq pads sources on the left), so appending or prepending padding
+    changes no landmark. A row shorter than ``C`` has ``L`` one-position segments and ``C - L``
+    empty ones (``present`` False, mean 0), which the caller leaves out."""
+    B, _, T, _ = x.shape
+    valid = (torch.ones(B, T, dtype=torch.bool, device=x.device) if key_padding_mask is None
+             else ~key_padding_mask.to(torch.bool))
+    rank = valid.long().cumsum(1) - 1
+    length = valid.long().sum(1, keepdim=True).clamp_min(1)
+    segment = rank * num_landmarks // length  # [B, T], integer arithmetic: the naive loop's rule exactly
+    one_hot = (segment.unsqueeze(-1) == torch.arange(num_landmarks, device=x.device)) & valid.unsqueeze(-1)
+    counts = one_hot.sum(1)  # [B, C]
+    assign = one_hot.to(x.dtype) / counts.clamp_min(1).unsqueeze(1).to(x.dtype)  # [B, T, C]
+    return torch.einsum("btc,bhtk->bhck", assign, x), counts > 0
+
+
+def _log_xi(x: Tensor, w: Tensor) -> Tensor:
+    """``log xi(x_t, w_c) = w_c . x_t - |x_t|^2 / 2``: x ``[B, H, T, K]``, w ``[B, H, C, K]`` ->
+    ``[B, H, C, T]``."""
+    return w @ x.transpose(-1, -2) - 0.5 * x.pow(2).sum(-1).unsqueeze(-2)
+
+
+def lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask: Optional[Tensor] = None,
+         alpha_coeff: float = 1.0) -> Tensor:
+    """LARA's estimate of ``softmax(q k^T) v`` with ``C = noise.shape[-2]`` landmarks and samples.
+
+    Args:
+        q, k, v: ``[B, H, T, K]`` (queries and keys scaled, see the module docstring);
+        noise: standard normal ``[H, C, K]`` or ``[B, H, C, K]``: the sample of proposal ``c`` is
+            ``mu_c + noise_c``;
+        key_padding_mask: ``[B, T]``, True at padding (excluded as keys and from the landmarks;
+            every row needs a non-padding position);
+        alpha_coeff: ``lambda`` of the query-specific weights (0: the balance heuristic alone).
+    Returns ``[B, H, T, K]`` in fp32 (fp64 for fp64 inputs).
+    """
+    acc = compute_dtype(q)
+    q, k, v, noise = q.to(acc), k.to(acc), v.to(acc), noise.to(acc)
+    C = noise.shape[-2]
+    q_land, present = segment_landmarks(q, key_padding_mask, C)
+    k_land, _ = segment_landmarks(k, key_padding_mask, C)
+    absent = ~present[:, None, :]  # [B, 1, C]
+    mu = q_land + k_land
+    w = mu + noise  # [B, H, C, K]: one sample per proposal
+
+    log_xi_k = _log_xi(k, w)  # [B, H, C, T]
+    if key_padding_mask is not None:
+        log_xi_k = log_xi_k.masked_fill(key_padding_mask.to(torch.bool)[:, None, None, :], float("-inf"))
+    f = torch.softmax(log_xi_k, dim=-1) @ v  # f_n(w_c) = sum_m xi(k_m, w_c) v_m / sum_m xi(k_m, w_c): [B, H, C, K]
+    log_keys = torch.logsumexp(log_xi_k, dim=-1)  # log sum_m xi(k_m, w_c): [B, H, C]
+
+    # log q_c'(w_c) up to the N(w; 0, I) factor shared by every density at w_c: [B, H, C, C'].
+    log_prop = _log_xi(mu, w).masked_fill(absent.unsqueeze(-2), float("-inf"))
+    log_own = torch.diagonal(log_prop, dim1=-2, dim2=-1)  # log q_c(w_c): [B, H, C]
+    balance = torch.exp(log_own - torch.logsumexp(log_prop, dim=-1))  # [B, H, C]
+
+    r = torch.softmax((q @ q_land.transpose(-1, -2)).masked_fill(absent.unsqueeze(-2), float("-inf")), dim=-1)
+    num_present = present.sum(-1).to(acc)[:, None, None, None]  # [B, 1, 1, 1]
+    alpha = (balance.unsqueeze(-2) + alpha_coeff * (r - 1.0 / num_present)).clamp_min(ALPHA_FLOOR)  # [B, H, T, C]
+
+    # log a_nc = log alpha_nc + log xi(q_n, w_c) + log sum_m xi(k_m, w_c) - log xi(mu_c, w_c)
+    log_a = torch.log(alpha) + _log_xi(q, w).transpose(-1, -2) + (log_keys - log_own).unsqueeze(-2)
+    log_a = log_a.masked_fill(absent.unsqueeze(-2), float("-inf"))
+    return torch.softmax(log_a, dim=-1) @ f
+
+
+def naive_lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask: Optional[Tensor] = None,
+               alpha_coeff: float = 1.0) -> Tensor:
+    """The estimator of :func:`lara` from its definition, with loops over rows, heads, segments
+    and queries: explicit Gaussian densities for the target mixture ``p_n`` and the proposals
+    ``q_c``, ``f_n(w)`` with the query's own ``xi(q_n, w)`` left in, nothing cancelled. The
+    reference of the tests (slow: small sizes only)."""
+    acc = compute_dtype(q)
+    q, k, v, noise = q.to(acc), k.to(acc), v.to(acc), noise.to(acc)
+    B, H, T, K = q.shape
+    C = noise.shape[-2]
+    if noise.dim() == 3:
+        noise = noise.expand(B, H, C, K)
+    out = torch.zeros(B, H, T, K, dtype=acc)
+    log_2pi = math.log(2 * math.pi)
+
+    def log_normal(w, mean):  # log N(w; mean, I)
+        return -0.5 * (w - mean).pow(2).sum() - 0.5 * K * log_2pi
+
+    for b in range(B):
+        keys = [j for j in range(T) if key_padding_mask is None or not bool(key_padding_mask[b, j])]
+        L = len(keys)
+        segments = [[keys[r] for r in range(L) if r * C // L == c] for c in range(C)]
+        used = [c for c in range(C) if segments[c]]
+        for h in range(H):
+            q_land = {c: torch.stack([q[b, h, j] for j in segments[c]]).mean(0) for c in used}
+            k_land = {c: torch.stack([k[b, h, j] for j in segments[c]]).mean(0) for c in used}
+            mu = {c: q_land[c] + k_land[c] for c in used}
+            w = {c: mu[c] + noise[b, h, c] for c in used}
+            log_q = {(c, c2): log_normal(w[c], mu[c2]) for c in used for c2 in used}  # log q_c2(w_c)
+            for n in range(T):
+                logits = torch.stack([q[b, h, n] @ k[b, h, m] for m in keys])
+                pi = torch.softmax(logits, 0)  # mixture weights of p_n
+                r_logits = torch.stack([q[b, h, n] @ q_land[c] for c in used])
+                r = dict(zip(used, torch.softmax(r_logits, 0)))
+                num = torch.zeros(K, dtype=acc)
+                den = torch.zeros((), dtype=acc)
+                for c in used:
+                    wc = w[c]
+                    log_p = torch.logsumexp(torch.stack(
+                        [torch.log(pi[i]) + log_normal(wc, q[b, h, n] + k[b, h, m]) for i, m in enumerate(keys)]), 0)
+                    balance = torch.exp(log_q[c, c] - torch.logsumexp(torch.stack([log_q[c, c2] for c2 in used]), 0))
+                    alpha = (balance + alpha_coeff * (r[c] - 1.0 / len(used))).clamp_min(ALPHA_FLOOR)
+                    xi = torch.stack([torch.exp(wc @ q[b, h, n] - 0.5 * q[b, h, n] @ q[b, h, n]
+                                                + wc @ k[b, h, m] - 0.5 * k[b, h, m] @ k[b, h, m]) for m in keys])
+                    f = (xi.unsqueeze(-1) * torch.stack([v[b, h, m] for m in keys])).sum(0) / xi.sum()
+                    a = alpha * torch.exp(log_p - log_q[c, c])
+                    num = num + a * f
+                    den = den + a
+                out[b, h, n] = num / den
+    return out
+
+
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
+    """Exact ``softmax_j(q_i . k_j) v_j`` over non-padding keys: ``[B, H, T, K]`` (the target)."""
+    acc = compute_dtype(q)
+    logits = q.to(acc) @ k.to(acc).transpose(-1, -2)
+    if key_padding_mask is not None:
+        logits = logits.masked_fill(key_padding_mask.to(torch.bool)[:, None, None, :], float("-inf"))
+    return torch.softmax(logits, dim=-1) @ v.to(acc)
+
+
+def randomized_attention(q: Tensor, k: Tensor, v: Tensor, num_samples: int = 1,
+                         key_padding_mask: Optional[Tensor] = None,
+                         generator: Optional[torch.Generator] = None) -> Tensor:
+    """Randomised attention (RA), the paper's unbiased and quadratic estimator: for every query
+    ``n``, ``num_samples`` draws ``w ~ p_n`` (a key ``m`` with probability ``softmax_m(q_n . k_m)``,
+    then ``w = q_n + k_m + N(0, I)``), and the mean of ``f_n(w)`` over them. Its expectation is
+    softmax attention exactly. O(S T^2 K) per head: a reference, not a layer.
+
+    Shapes as :func:`lara`; returns ``[B, H, T, K]`` in fp32 (fp64 for fp64 inputs)."""
+    acc = compute_dtype(q)
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    B, H, T, K = q.shape
+    logits = q @ k.transpose(-1, -2)
+    pad = None if key_padding_mask is None else key_padding_mask.to(torch.bool)[:, None, None, :]
+    if pad is not None:
+        logits = logits.masked_fill(pad, float("-inf"))
+    pi = torch.softmax(logits, dim=-1).reshape(-1, T)
+    picked = torch.multinomial(pi, num_samples, replacement=True, generator=generator).reshape(B, H, T * num_samples)
+    k_picked = torch.gather(k, 2, picked.unsqueeze(-1).expand(-1, -1, -1, K)).reshape(B, H, T, num_samples, K)
+    eps = torch.randn(B, H, T, num_samples, K, generator=generator, dtype=acc)
+    w = (q.unsqueeze(3) + k_picked + eps).reshape(B, H, T * num_samples, K)
+    log_xi_k = _log_xi(k, w)  # [B, H, T * S, T]
+    if pad is not None:
+        log_xi_k = log_xi_k.masked_fill(pad, float("-inf"))
+    f = torch.softmax(log_xi_k, dim=-1) @ v
+    return f.reshape(B, H, T, num_samples, K).mean(3)
