@@ -1,0 +1,340 @@
+"""Long-text classification: model ``rfa_classifier`` and its Long Range Arena architectures.
+
+An encoder-only transformer whose self-attention is chosen with ``--encoder-attention``
+(softmax, rfa, favor or lara: ``rfa_fairseq.modules.encoder_attention``), a pooling of its
+output (the mean over the real tokens, or the first token) and an MLP head. It is trained and
+evaluated with fairseq's own ``sentence_prediction`` task and criterion::
+
+    fairseq-train DATA --user-dir rfa_fairseq --task sentence_prediction --num-classes 10 \\
+        --criterion sentence_prediction --arch rfa_classifier_lra_listops --encoder-attention rfa ...
+    fairseq-validate DATA --user-dir rfa_fairseq --task sentence_prediction --path checkpoint_best.pt ...
+
+Two documents (LRA's Retrieval): the task concatenates ``input0`` and ``input1`` into one row,
+``doc1 </s> [separator] doc2 </s>`` (fairseq-preprocess ends every line with ``</s>``; the
+separator is ``--separator-token``, and ``--init-token`` starts the first document). With
+``--classifier-head dual`` the model cuts each row after its first ``</s>``, encodes both
+documents with the same encoder (as one batch of 2B rows), pools each to u and v, and feeds
+[u, v, u*v, u-v] (``--pair-interaction nli``, the LRA paper's description) or [u, v]
+(``concat``, the default of LRA's released code) to the MLP.
+
+Pooling ``cls`` reads the first position, which must hold ``<s>``: train with ``--init-token 0``
+(and ``--separator-token 0`` for pairs, so that the second document starts with ``<s>`` too).
+``mean`` averages over the non-padding positions only (LRA's code averages over the padding as
+well); either way the pooled vector does not depend on how much padding a batch adds.
+
+Layouts: ``src_tokens`` is Batch x Time, right-padded as ``sentence_prediction`` pads; the
+encoder works in Time x Batch x Channel (fairseq's layout), the heads on Batch x Channel.
+"""
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Tuple
+
+import torch
+import torch.nn as nn
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
+from fairseq.models.transformer import Embedding, TransformerConfig, TransformerEncoderBase
+from fairseq.modules import MultiheadAttention
+from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+from fairseq.utils import safe_getattr
+from omegaconf import II
+from torch import Tensor
+
+from .rfa_transformer import check_heads
+
+# --- temporary: issue 19's rfa_fairseq/modules/encoder_attention.py has not landed yet. Its
+# interface is fixed (ENCODER_ATTENTIONS, build_encoder_self_attention); until then only softmax
+# (fairseq's MultiheadAttention behind the same call) builds, and the others stop with a message.
+ENCODER_ATTENTIONS = ("softmax", "rfa", "favor", "lara")
+
+
+def build_encoder_self_attention(kind: str, embed_dim: int, num_heads: int, dropout: float = 0.0,
+                                 feature_dim: int = 64, landmarks: int = 16, module_id: int = 0) -> nn.Module:
+    if kind == "softmax":
+        return MultiheadAttention(embed_dim, num_heads, dropout=dropout, self_attention=True)
+    raise NotImplementedError(f"--encoder-attention {kind} needs rfa_fairseq/modules/encoder_attention.py (issue 19)")
+# --- end of the temporary part
+
+
+POOLINGS = ("mean", "cls")
+CLASSIFIER_HEADS = ("single", "dual")
+PAIR_INTERACTIONS = ("nli", "concat")
+
+
+@dataclass
+class RFAClassifierConfig(FairseqDataclass):
+    encoder_attention: ChoiceEnum(list(ENCODER_ATTENTIONS)) = field(
+        default="softmax",
+        metadata={"help": "self-attention of the encoder: softmax (fairseq's MultiheadAttention), rfa (random "
+                          "Fourier features), favor (Performer's positive features) or lara (linear randomized "
+                          "attention with landmarks)"},
+    )
+    encoder_feature_dim: int = field(
+        default=64, metadata={"help": "number of random features of the rfa, favor and lara encoder attention"}
+    )
+    lara_landmarks: int = field(default=16, metadata={"help": "number of landmarks of --encoder-attention lara"})
+    encoder_layers: int = field(default=4, metadata={"help": "number of encoder layers"})
+    encoder_embed_dim: int = field(default=256, metadata={"help": "encoder embedding (model) dimension"})
+    encoder_ffn_embed_dim: int = field(default=1024, metadata={"help": "encoder feed-forward inner dimension"})
+    encoder_attention_heads: int = field(default=4, metadata={"help": "number of encoder attention heads"})
+    encoder_normalize_before: bool = field(
+        default=True, metadata={"help": "layer norm before each block (pre-norm, as LRA), and a final layer norm"}
+    )
+    encoder_learned_pos: bool = field(
+        default=False, metadata={"help": "learned position embeddings instead of sinusoidal ones (LRA's default)"}
+    )
+    no_scale_embedding: bool = field(
+        default=True, metadata={"help": "do not scale token embeddings by sqrt(dim) (LRA does not scale them)"}
+    )
+    activation_fn: ChoiceEnum(["relu", "gelu"]) = field(default="gelu", metadata={"help": "FFN activation"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout probability"})
+    attention_dropout: float = field(default=0.1, metadata={"help": "dropout probability of attention weights"})
+    activation_dropout: float = field(default=0.0, metadata={"help": "dropout probability after the FFN activation"})
+    classifier_pooling: ChoiceEnum(list(POOLINGS)) = field(
+        default="cls",
+        metadata={"help": "what the head reads: cls (the first position, which must be <s>: --init-token 0) or mean "
+                          "(the mean over the non-padding positions)"},
+    )
+    classifier_head: ChoiceEnum(list(CLASSIFIER_HEADS)) = field(
+        default="single",
+        metadata={"help": "single: one text per example; dual: two documents (input0 and input1), encoded by the "
+                          "same encoder and compared (LRA's Retrieval)"},
+    )
+    pair_interaction: ChoiceEnum(list(PAIR_INTERACTIONS)) = field(
+        default="nli",
+        metadata={"help": "with --classifier-head dual: the head reads [u, v, u*v, u-v] (nli) or [u, v] (concat)"},
+    )
+    classifier_mlp_dim: int = field(
+        default=0, metadata={"help": "hidden size of the head's MLP (0: --encoder-ffn-embed-dim, as LRA)"}
+    )
+    max_positions: int = II("task.max_positions")
+
+
+def _positive_int(args, name: str):
+    v = safe_getattr(args, name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
+
+
+def _choice(args, name: str, choices):
+    v = str(safe_getattr(args, name))
+    if v not in choices:
+        raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}, got {v!r}")
+    return v
+
+
+class ClassifierEncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's encoder layer whose self-attention comes from ``build_attention(embed_dim)``."""
+
+    def __init__(self, cfg, build_attention: Callable[[int], nn.Module]):
+        # read by build_self_attention, which the base constructor calls
+        self._build_attention = build_attention
+        super().__init__(cfg)
+
+    def build_self_attention(self, embed_dim, cfg):
+        return self._build_attention(embed_dim)
+
+
+class ClassifierEncoder(TransformerEncoderBase):
+    """fairseq's TransformerEncoder with the chosen self-attention in every layer (layer i gets
+    ``module_id=i``, so that layers draw different random features)."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, attention: str, feature_dim: int, landmarks: int):
+        self._attention = (attention, feature_dim, landmarks)
+        self._layers_built = 0
+        super().__init__(cfg, dictionary, embed_tokens)
+
+    def build_encoder_layer(self, cfg):
+        kind, feature_dim, landmarks = self._attention
+        module_id = self._layers_built
+        self._layers_built += 1
+
+        def build_attention(embed_dim):
+            return build_encoder_self_attention(kind, embed_dim, cfg.encoder.attention_heads,
+                                                dropout=cfg.attention_dropout, feature_dim=feature_dim,
+                                                landmarks=landmarks, module_id=module_id)
+
+        return ClassifierEncoderLayer(cfg, build_attention)
+
+
+class ClassificationHead(nn.Module):
+    """LRA's classifier MLP on pooled vectors (Batch x Channel): Linear-ReLU-Linear for one text;
+    for two documents Linear-ReLU-Linear(mlp_dim // 2)-ReLU-Linear on the combined vector."""
+
+    def __init__(self, input_dim: int, mlp_dim: int, num_classes: int, pair_interaction: Optional[str] = None):
+        super().__init__()
+        self.pair_interaction = pair_interaction
+        if pair_interaction is None:
+            self.mlp = nn.Sequential(nn.Linear(input_dim, mlp_dim), nn.ReLU())
+            out_in = mlp_dim
+        else:
+            width = {"nli": 4, "concat": 2}[pair_interaction] * input_dim
+            self.mlp = nn.Sequential(nn.Linear(width, mlp_dim), nn.ReLU(), nn.Linear(mlp_dim, mlp_dim // 2), nn.ReLU())
+            out_in = mlp_dim // 2
+        self.out_proj = nn.Linear(out_in, num_classes)
+
+    def forward(self, u: Tensor, v: Optional[Tensor] = None) -> Tensor:
+        if self.pair_interaction is None:
+            x = u
+        elif self.pair_interaction == "nli":
+            x = torch.cat([u, v, u * v, u - v], dim=-1)
+        else:
+            x = torch.cat([u, v], dim=-1)
+        return self.out_proj(self.mlp(x))
+
+
+def split_pairs(src_tokens: Tensor, eos: int, pad: int) -> Tuple[Tensor, Tensor]:
+    """Cut right-padded rows ``doc1 </s> doc2 </s> <pad>...`` (Batch x Time) after their first
+    ``</s>``; returns the first and the second documents, each Batch x Time', right-padded."""
+    is_eos = src_tokens.eq(eos)
+    if bool((is_eos.sum(dim=1) < 2).any()):
+        raise ValueError("--classifier-head dual needs two documents per example, each ended by </s> "
+                         "(binarised input0/ and input1/ folders, as recipes/lra/prepare.py writes them)")
+    lengths = src_tokens.ne(pad).sum(dim=1)
+    len1 = is_eos.int().argmax(dim=1) + 1  # up to and including the first </s>
+    len2 = lengths - len1
+    t1, t2 = int(len1.max()), int(len2.max())
+    pos1 = torch.arange(t1, device=src_tokens.device).unsqueeze(0)
+    pos2 = torch.arange(t2, device=src_tokens.device).unsqueeze(0)
+    first = src_tokens[:, :t1].masked_fill(pos1 >= len1.unsqueeze(1), pad)
+    index = (len1.unsqueeze(1) + pos2).clamp(max=src_tokens.size(1) - 1)
+    second = src_tokens.gather(1, index).masked_fill(pos2 >= len2.unsqueeze(1), pad)
+    return first, second
+
+
+@register_model("rfa_classifier", dataclass=RFAClassifierConfig)
+class RFAClassifierModel(BaseFairseqModel):
+    """Encoder-only classifier for fairseq's ``sentence_prediction`` task (see the module docstring)."""
+
+    def __init__(self, args, encoder: ClassifierEncoder):
+        super().__init__()
+        self.args = args
+        self.encoder = encoder
+        self.pooling = str(args.classifier_pooling)
+        self.dual = str(args.classifier_head) == "dual"
+        self.classification_heads = nn.ModuleDict()
+
+    @classmethod
+    def build_model(cls, args, task):
+        rfa_classifier_base_architecture(args)  # fill what an older checkpoint's arguments may lack
+        for name in ("encoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads",
+                     "encoder_feature_dim", "lara_landmarks", "max_positions"):
+            _positive_int(args, name)
+        if args.classifier_mlp_dim < 0:
+            raise ValueError(f"--classifier-mlp-dim must be 0 (the FFN size) or positive, got {args.classifier_mlp_dim!r}")
+        attention = _choice(args, "encoder_attention", ENCODER_ATTENTIONS)
+        _choice(args, "classifier_pooling", POOLINGS)
+        _choice(args, "classifier_head", CLASSIFIER_HEADS)
+        _choice(args, "pair_interaction", PAIR_INTERACTIONS)
+        check_heads(args.encoder_embed_dim, args.encoder_attention_heads,
+                    "--encoder-embed-dim", "--encoder-attention-heads")
+        cfg = TransformerConfig.from_namespace(args)
+        cfg.max_source_positions = args.max_positions
+        dictionary = task.source_dictionary
+        embed_tokens = Embedding(len(dictionary), args.encoder_embed_dim, dictionary.pad())
+        encoder = ClassifierEncoder(cfg, dictionary, embed_tokens, attention,
+                                    args.encoder_feature_dim, args.lara_landmarks)
+        return cls(args, encoder)
+
+    def register_classification_head(self, name, num_classes=None, inner_dim=None, **kwargs):
+        """Called by ``sentence_prediction`` with ``--num-classes``; ``inner_dim`` overrides the MLP size."""
+        mlp_dim = inner_dim or self.args.classifier_mlp_dim or self.args.encoder_ffn_embed_dim
+        self.classification_heads[name] = ClassificationHead(
+            self.args.encoder_embed_dim, mlp_dim, num_classes,
+            pair_interaction=str(self.args.pair_interaction) if self.dual else None,
+        )
+
+    def pooled(self, src_tokens: Tensor) -> Tensor:
+        """Encode Batch x Time tokens and pool them to Batch x Channel."""
+        dictionary = self.encoder.dictionary
+        if self.pooling == "cls" and bool(src_tokens[:, 0].ne(dictionary.bos()).any()):
+            raise ValueError("--classifier-pooling cls reads the first position, which must be <s>: train with "
+                             "--init-token 0 (and --separator-token 0 for two documents)")
+        out = self.encoder(src_tokens, return_all_hiddens=False)
+        x = out["encoder_out"][0]  # Time x Batch x Channel
+        if self.pooling == "cls":
+            return x[0]
+        keep = src_tokens.ne(dictionary.pad()).t().unsqueeze(-1).type_as(x)  # Time x Batch x 1
+        return (x * keep).sum(dim=0) / keep.sum(dim=0).clamp(min=1)
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None, features_only: bool = True,
+                classification_head_name: Optional[str] = None, **kwargs):
+        """Returns (logits Batch x classes, {"pooled": Batch x Channel}) with a head name, else
+        (pooled, {}). For two documents "pooled" is [u; v], 2B x Channel."""
+        if self.dual:
+            first, second = split_pairs(src_tokens, self.encoder.dictionary.eos(), self.encoder.dictionary.pad())
+            width = max(first.size(1), second.size(1))
+            pad = self.encoder.dictionary.pad()
+            both = torch.cat([nn.functional.pad(first, (0, width - first.size(1)), value=pad),
+                              nn.functional.pad(second, (0, width - second.size(1)), value=pad)])
+            pooled = self.pooled(both)
+            u, v = pooled.chunk(2, dim=0)
+        else:
+            pooled = self.pooled(src_tokens)
+            u, v = pooled, None
+        if classification_head_name is None:
+            return pooled, {}
+        return self.classification_heads[classification_head_name](u, v), {"pooled": pooled}
+
+    def max_positions(self):
+        return self.encoder.max_positions()
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        super().upgrade_state_dict_named(state_dict, name)
+        # A checkpoint's heads are the ones registered by the task that trained it; a task asking
+        # for another head name (fairseq-validate with --classification-head-name) gets it too.
+        prefix = name + "." if name else ""
+        for key in state_dict:
+            if key.startswith(prefix + "classification_heads."):
+                head = key[len(prefix + "classification_heads."):].split(".")[0]
+                if head not in self.classification_heads:
+                    num_classes = state_dict[prefix + f"classification_heads.{head}.out_proj.weight"].size(0)
+                    self.register_classification_head(head, num_classes)
+
+
+def _set_default(args, name, value):
+    if safe_getattr(args, name, None) is None:
+        setattr(args, name, value)
+
+
+# The architecture named ``rfa_classifier`` is registered by register_model and takes its defaults
+# from the dataclass; this helper fills the same defaults on a namespace (the named architectures).
+def rfa_classifier_base_architecture(args):
+    defaults = RFAClassifierConfig()
+    for name in RFAClassifierConfig.__dataclass_fields__:
+        if name != "max_positions":
+            _set_default(args, name, getattr(defaults, name))
+
+
+# The Long Range Arena settings (Tay et al., ICLR 2021; google-research/long-range-arena configs,
+# commit cd31e5c: base_listops_config.py, base_tc_config.py, base_match_config.py): pre-norm
+# encoders with sinusoidal positions, GELU FFN, dropout 0.1, the first-token (CLS) pooling and a
+# head MLP as wide as the FFN.
+@register_model_architecture("rfa_classifier", "rfa_classifier_lra_listops")
+def rfa_classifier_lra_listops(args):
+    """ListOps: 4 layers, 512 dims, 8 heads, FFN 1024; 10 classes, up to 2,000 tokens."""
+    _set_default(args, "encoder_layers", 4)
+    _set_default(args, "encoder_embed_dim", 512)
+    _set_default(args, "encoder_attention_heads", 8)
+    _set_default(args, "encoder_ffn_embed_dim", 1024)
+    rfa_classifier_base_architecture(args)
+
+
+@register_model_architecture("rfa_classifier", "rfa_classifier_lra_text")
+def rfa_classifier_lra_text(args):
+    """Text (byte-level IMDb): 4 layers, 256 dims, 4 heads, FFN 1024; 2 classes."""
+    _set_default(args, "encoder_layers", 4)
+    _set_default(args, "encoder_embed_dim", 256)
+    _set_default(args, "encoder_attention_heads", 4)
+    _set_default(args, "encoder_ffn_embed_dim", 1024)
+    rfa_classifier_base_architecture(args)
+
+
+@register_model_architecture("rfa_classifier", "rfa_classifier_lra_retrieval")
+def rfa_classifier_lra_retrieval(args):
+    """Retrieval (byte-level AAN pairs): 4 layers, 128 dims, 4 heads, FFN 512, the dual head; 2 classes."""
+    _set_default(args, "encoder_layers", 4)
+    _set_default(args, "encoder_embed_dim", 128)
+    _set_default(args, "encoder_attention_heads", 4)
+    _set_default(args, "encoder_ffn_embed_dim", 512)
+    _set_default(args, "classifier_head", "dual")
+    rfa_classifier_base_architecture(args)
