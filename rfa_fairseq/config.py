@@ -9,6 +9,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
 from .modules.causal_rfa_attention import GATE_FORMS
+from .modules.encoder_attention import ENCODER_ATTENTIONS
 from .ops.causal_rfa import DEFAULT_CHUNK_SIZE
 
 
@@ -147,3 +148,82 @@ def rfa_config_from(args) -> RFAConfig:
     values["rfa_cross_norm_rescale"] = bool(values["rfa_cross_norm_rescale"])
     values["rfa_recompute"] = bool(values["rfa_recompute"])
     return RFAConfig(**values)
+
+
+DECODER_ATTENTIONS = ("rfa", "softmax")
+
+
+@dataclass
+class TranslationAttentionConfig(FairseqDataclass):
+    """Which attention the translation model's encoder and decoder use (``rfa_transformer`` only).
+
+    Not ``--rfa-*`` flags: they choose between attentions, and the ``--rfa-*`` flags shape the RFA
+    decoder. A checkpoint saved before these flags existed loads with their defaults: a softmax
+    encoder and an RFA decoder, the model it was."""
+
+    encoder_attention: ChoiceEnum(list(ENCODER_ATTENTIONS)) = field(
+        default="softmax",
+        metadata={"help": "the encoder's self-attention, non-causal over the source with padding excluded: softmax "
+                          "(fairseq's, quadratic in the source length), rfa (random Fourier features with a learned "
+                          "sigma, as the RFA decoder), favor (Performer's positive random features) or lara (linear "
+                          "randomized attention, Zheng et al. 2022, from --lara-landmarks landmarks); the linear "
+                          "kinds form no attention probabilities, so --attention-dropout does not apply to them"},
+    )
+    encoder_feature_dim: int = field(
+        default=64,
+        metadata={"help": "random features D per head of --encoder-attention rfa (phi has 2D values) or favor"},
+    )
+    lara_landmarks: int = field(
+        default=16,
+        metadata={"help": "landmarks C per head of --encoder-attention lara: segment means of the source's queries and "
+                          "keys, one proposal and one sample each (cost O(source length x C) per head)"},
+    )
+    decoder_attention: ChoiceEnum(list(DECODER_ATTENTIONS)) = field(
+        default="rfa",
+        metadata={"help": "the decoder's attention: rfa (causal RFA self-attention and RFA cross attention, shaped by "
+                          "the --rfa-* flags) or softmax (fairseq's own decoder; the --rfa-* flags then must keep "
+                          "their defaults)"},
+    )
+
+
+ATTENTION_FIELDS = tuple(f.name for f in fields(TranslationAttentionConfig))
+_ATTENTION_DEFAULTS = TranslationAttentionConfig()
+
+
+def fill_attention_defaults(args):
+    """Architecture helper of the translation model: set every missing attention choice
+    (:data:`ATTENTION_FIELDS`) to its default, as :func:`fill_rfa_defaults` does for ``rfa_*``."""
+    for name in ATTENTION_FIELDS:
+        if getattr(args, name, None) is None:
+            setattr(args, name, getattr(_ATTENTION_DEFAULTS, name))
+
+
+def attention_config_from(args) -> TranslationAttentionConfig:
+    """Read and validate the attention choices (and, with a softmax decoder, that no ``--rfa-*``
+    flag was changed). Raises ValueError naming the offending flag."""
+    values = {}
+    for name in ATTENTION_FIELDS:
+        value = getattr(args, name, None)
+        values[name] = getattr(_ATTENTION_DEFAULTS, name) if value is None else value
+    for name, choices in (("encoder_attention", ENCODER_ATTENTIONS), ("decoder_attention", DECODER_ATTENTIONS)):
+        values[name] = str(values[name])
+        if values[name] not in choices:
+            raise ValueError(f"{flag(name)} must be one of {', '.join(choices)}, got {values[name]!r}")
+    for name in ("encoder_feature_dim", "lara_landmarks"):
+        v = values[name]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{flag(name)} must be a positive integer, got {v!r}")
+    encoder = values["encoder_attention"]
+    if encoder not in ("rfa", "favor") and values["encoder_feature_dim"] != _ATTENTION_DEFAULTS.encoder_feature_dim:
+        raise ValueError(f"--encoder-feature-dim sets the random features of --encoder-attention rfa or favor; "
+                         f"it does nothing with --encoder-attention {encoder}"
+                         + (" (LARA's samples are its landmarks: --lara-landmarks)" if encoder == "lara" else ""))
+    if encoder != "lara" and values["lara_landmarks"] != _ATTENTION_DEFAULTS.lara_landmarks:
+        raise ValueError(f"--lara-landmarks needs --encoder-attention lara (got --encoder-attention {encoder})")
+    if values["decoder_attention"] == "softmax":
+        changed = [flag(name) for name in RFA_FIELDS
+                   if getattr(args, name, None) is not None and getattr(args, name) != getattr(_DEFAULTS, name)]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} shape{'s' if len(changed) == 1 else ''} the RFA decoder; "
+                             "with --decoder-attention softmax the decoder is fairseq's own")
+    return TranslationAttentionConfig(**values)

@@ -2,6 +2,9 @@
 
 fairseq's TransformerModel with a softmax encoder and an RFA decoder (causal RFA or RFA-Gate
 self-attention, RFA cross attention), as in the paper's machine translation experiments.
+``--encoder-attention {rfa,favor,lara}`` makes the encoder's self-attention linear in the source
+length too (``rfa_encoder.py``), and ``--decoder-attention softmax`` puts fairseq's own decoder
+behind such an encoder. The defaults (softmax encoder, RFA decoder) build the model as it was.
 """
 import argparse
 
@@ -17,8 +20,10 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 from omegaconf import OmegaConf
 
-from ..config import RFAConfig, drop_removed_fields, fill_rfa_defaults, rfa_config_from
+from ..config import (RFAConfig, TranslationAttentionConfig, attention_config_from, drop_removed_fields,
+                      fill_attention_defaults, fill_rfa_defaults, rfa_config_from)
 from .rfa_decoder import RFATransformerDecoder
+from .rfa_encoder import RFATransformerEncoder
 
 
 def check_heads(embed_dim: int, heads: int, embed_flag: str, heads_flag: str):
@@ -28,12 +33,14 @@ def check_heads(embed_dim: int, heads: int, embed_flag: str, heads_flag: str):
 
 @register_model("rfa_transformer")
 class RFATransformerModel(TransformerModel):
-    """Transformer with Random Feature Attention in the decoder (softmax encoder)."""
+    """Transformer with Random Feature Attention in the decoder (softmax encoder by default; see
+    ``--encoder-attention`` and ``--decoder-attention``)."""
 
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
         gen_parser_from_dataclass(parser, RFAConfig(), delete_default=True)
+        gen_parser_from_dataclass(parser, TranslationAttentionConfig(), delete_default=True)
 
     @classmethod
     def build_model(cls, args, task):
@@ -44,8 +51,12 @@ class RFATransformerModel(TransformerModel):
         drop_removed_fields(args)  # a checkpoint's arguments may name flags of earlier releases
         rfa_base_architecture(args)
         rfa_config_from(args)  # validate the --rfa-* flags before building anything
+        attention = attention_config_from(args)
         check_heads(args.decoder_embed_dim, args.decoder_attention_heads,
                     "--decoder-embed-dim", "--decoder-attention-heads")
+        if attention.encoder_attention != "softmax":
+            check_heads(args.encoder_embed_dim, args.encoder_attention_heads,
+                        "--encoder-embed-dim", "--encoder-attention-heads")
         return super().build_model(args, task)
 
     def set_beam_size(self, beam_size):
@@ -54,7 +65,17 @@ class RFATransformerModel(TransformerModel):
         self.decoder.set_beam_size(beam_size)
 
     @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        # cfg: fairseq's TransformerConfig, which keeps the unknown (encoder_attention, ...) attributes.
+        attention = attention_config_from(cfg)
+        if attention.encoder_attention == "softmax":
+            return super().build_encoder(cfg, src_dict, embed_tokens)
+        return RFATransformerEncoder(cfg, src_dict, embed_tokens, attention)
+
+    @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        if attention_config_from(cfg).decoder_attention == "softmax":
+            return super().build_decoder(cfg, tgt_dict, embed_tokens)
         # fairseq's TransformerConfig.from_namespace keeps unknown (rfa_*) attributes.
         return RFATransformerDecoder(
             cfg, tgt_dict, embed_tokens, rfa=rfa_config_from(cfg), no_encoder_attn=cfg.no_cross_attention
@@ -64,6 +85,7 @@ class RFATransformerModel(TransformerModel):
 @register_model_architecture("rfa_transformer", "rfa_transformer")
 def rfa_base_architecture(args):
     fill_rfa_defaults(args)
+    fill_attention_defaults(args)
     base_architecture(args)
 
 

@@ -8,6 +8,7 @@ from .cross_rfa import (
     quadratic_is_cheaper,
 )
 from .denominator import DEFAULT_EPS, guarded_ratio
+from .lara import lara, naive_lara, randomized_attention, segment_landmarks, softmax_attention
 from .feature_maps import (
     FEATURE_MAPS,
     KERNELS,
@@ -26,4 +27,5 @@ __all__ = [
     "DEFAULT_EPS", "guarded_ratio",
     "FEATURE_MAPS", "KERNELS", "POSITIVE_KERNELS", "RANDOM_MATRICES", "feature_map", "feature_size", "l2_normalize",
     "sample_random_matrix",
+    "lara", "naive_lara", "randomized_attention", "segment_landmarks", "softmax_attention",
 ]
