@@ -38,7 +38,11 @@ if [ "$SMOKE" = 1 ]; then
   # Tiny model, a few updates on CPU, a checkpoint (and validation) every 2 updates.
   INTERVAL=2 BATCH=8
   RUN_ARGS=(--encoder-layers 1 --encoder-embed-dim 32 --encoder-ffn-embed-dim 64 --encoder-attention-heads 4
-            --encoder-feature-dim 16 --lara-landmarks 4 --cpu --num-workers 0 --log-interval 1)
+            --cpu --num-workers 0 --log-interval 1)
+  case $VARIANT in
+    rfa|favor) RUN_ARGS+=(--encoder-feature-dim 16) ;;
+    lara) RUN_ARGS+=(--lara-landmarks 4) ;;
+  esac
 else
   INTERVAL=500 BATCH=32
   RUN_ARGS=(--log-interval 50)

@@ -1,7 +1,8 @@
 """Long-text classification: model ``rfa_classifier`` and its Long Range Arena architectures.
 
 An encoder-only transformer whose self-attention is chosen with ``--encoder-attention``
-(softmax, rfa, favor or lara: ``rfa_fairseq.modules.encoder_attention``), a pooling of its
+(softmax, rfa, favor or lara: ``rfa_fairseq.modules.encoder_attention``; the encoder and its
+flags are the translation model's, ``rfa_encoder.RFATransformerEncoder``), a pooling of its
 output (the mean over the real tokens, or the first token) and an MLP head. It is trained and
 evaluated with fairseq's own ``sentence_prediction`` task and criterion::
 
@@ -25,53 +26,42 @@ well); either way the pooled vector does not depend on how much padding a batch 
 Layouts: ``src_tokens`` is Batch x Time, right-padded as ``sentence_prediction`` pads; the
 encoder works in Time x Batch x Channel (fairseq's layout), the heads on Batch x Channel.
 """
-from dataclasses import dataclass, field
-from typing import Callable, Optional, Tuple
+from dataclasses import dataclass, field, fields
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
-from fairseq.models.transformer import Embedding, TransformerConfig, TransformerEncoderBase
-from fairseq.modules import MultiheadAttention
-from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+from fairseq.models.transformer import Embedding, TransformerConfig
 from fairseq.utils import safe_getattr
 from omegaconf import II
 from torch import Tensor
 
+from ..config import TranslationAttentionConfig, attention_config_from
+from ..modules.encoder_attention import ENCODER_ATTENTIONS
+from .rfa_encoder import RFATransformerEncoder
 from .rfa_transformer import check_heads
-
-# --- temporary: issue 19's rfa_fairseq/modules/encoder_attention.py has not landed yet. Its
-# interface is fixed (ENCODER_ATTENTIONS, build_encoder_self_attention); until then only softmax
-# (fairseq's MultiheadAttention behind the same call) builds, and the others stop with a message.
-ENCODER_ATTENTIONS = ("softmax", "rfa", "favor", "lara")
-
-
-def build_encoder_self_attention(kind: str, embed_dim: int, num_heads: int, dropout: float = 0.0,
-                                 feature_dim: int = 64, landmarks: int = 16, module_id: int = 0) -> nn.Module:
-    if kind == "softmax":
-        return MultiheadAttention(embed_dim, num_heads, dropout=dropout, self_attention=True)
-    raise NotImplementedError(f"--encoder-attention {kind} needs rfa_fairseq/modules/encoder_attention.py (issue 19)")
-# --- end of the temporary part
-
 
 POOLINGS = ("mean", "cls")
 CLASSIFIER_HEADS = ("single", "dual")
 PAIR_INTERACTIONS = ("nli", "concat")
 
 
+_TRANSLATION_FIELDS = {f.name: f for f in fields(TranslationAttentionConfig)}
+
+
+def _encoder_flag(name: str):
+    """The translation model's encoder-attention flag, same default and help (one definition)."""
+    f = _TRANSLATION_FIELDS[name]
+    return field(default=f.default, metadata=dict(f.metadata))
+
+
 @dataclass
 class RFAClassifierConfig(FairseqDataclass):
-    encoder_attention: ChoiceEnum(list(ENCODER_ATTENTIONS)) = field(
-        default="softmax",
-        metadata={"help": "self-attention of the encoder: softmax (fairseq's MultiheadAttention), rfa (random "
-                          "Fourier features), favor (Performer's positive features) or lara (linear randomized "
-                          "attention with landmarks)"},
-    )
-    encoder_feature_dim: int = field(
-        default=64, metadata={"help": "number of random features of the rfa, favor and lara encoder attention"}
-    )
-    lara_landmarks: int = field(default=16, metadata={"help": "number of landmarks of --encoder-attention lara"})
+    encoder_attention: ChoiceEnum(list(ENCODER_ATTENTIONS)) = _encoder_flag("encoder_attention")
+    encoder_feature_dim: int = _encoder_flag("encoder_feature_dim")
+    lara_landmarks: int = _encoder_flag("lara_landmarks")
     encoder_layers: int = field(default=4, metadata={"help": "number of encoder layers"})
     encoder_embed_dim: int = field(default=256, metadata={"help": "encoder embedding (model) dimension"})
     encoder_ffn_embed_dim: int = field(default=1024, metadata={"help": "encoder feed-forward inner dimension"})
@@ -120,40 +110,6 @@ def _choice(args, name: str, choices):
     if v not in choices:
         raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}, got {v!r}")
     return v
-
-
-class ClassifierEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's encoder layer whose self-attention comes from ``build_attention(embed_dim)``."""
-
-    def __init__(self, cfg, build_attention: Callable[[int], nn.Module]):
-        # read by build_self_attention, which the base constructor calls
-        self._build_attention = build_attention
-        super().__init__(cfg)
-
-    def build_self_attention(self, embed_dim, cfg):
-        return self._build_attention(embed_dim)
-
-
-class ClassifierEncoder(TransformerEncoderBase):
-    """fairseq's TransformerEncoder with the chosen self-attention in every layer (layer i gets
-    ``module_id=i``, so that layers draw different random features)."""
-
-    def __init__(self, cfg, dictionary, embed_tokens, attention: str, feature_dim: int, landmarks: int):
-        self._attention = (attention, feature_dim, landmarks)
-        self._layers_built = 0
-        super().__init__(cfg, dictionary, embed_tokens)
-
-    def build_encoder_layer(self, cfg):
-        kind, feature_dim, landmarks = self._attention
-        module_id = self._layers_built
-        self._layers_built += 1
-
-        def build_attention(embed_dim):
-            return build_encoder_self_attention(kind, embed_dim, cfg.encoder.attention_heads,
-                                                dropout=cfg.attention_dropout, feature_dim=feature_dim,
-                                                landmarks=landmarks, module_id=module_id)
-
-        return ClassifierEncoderLayer(cfg, build_attention)
 
 
 class ClassificationHead(nn.Module):
@@ -205,7 +161,7 @@ def split_pairs(src_tokens: Tensor, eos: int, pad: int) -> Tuple[Tensor, Tensor]
 class RFAClassifierModel(BaseFairseqModel):
     """Encoder-only classifier for fairseq's ``sentence_prediction`` task (see the module docstring)."""
 
-    def __init__(self, args, encoder: ClassifierEncoder):
+    def __init__(self, args, encoder: RFATransformerEncoder):
         super().__init__()
         self.args = args
         self.encoder = encoder
@@ -217,11 +173,11 @@ class RFAClassifierModel(BaseFairseqModel):
     def build_model(cls, args, task):
         rfa_classifier_base_architecture(args)  # fill what an older checkpoint's arguments may lack
         for name in ("encoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads",
-                     "encoder_feature_dim", "lara_landmarks", "max_positions"):
+                     "max_positions"):
             _positive_int(args, name)
         if args.classifier_mlp_dim < 0:
             raise ValueError(f"--classifier-mlp-dim must be 0 (the FFN size) or positive, got {args.classifier_mlp_dim!r}")
-        attention = _choice(args, "encoder_attention", ENCODER_ATTENTIONS)
+        attention = attention_config_from(args)  # the translation model's checks of the same flags
         _choice(args, "classifier_pooling", POOLINGS)
         _choice(args, "classifier_head", CLASSIFIER_HEADS)
         _choice(args, "pair_interaction", PAIR_INTERACTIONS)
@@ -231,8 +187,7 @@ class RFAClassifierModel(BaseFairseqModel):
         cfg.max_source_positions = args.max_positions
         dictionary = task.source_dictionary
         embed_tokens = Embedding(len(dictionary), args.encoder_embed_dim, dictionary.pad())
-        encoder = ClassifierEncoder(cfg, dictionary, embed_tokens, attention,
-                                    args.encoder_feature_dim, args.lara_landmarks)
+        encoder = RFATransformerEncoder(cfg, dictionary, embed_tokens, attention)
         return cls(args, encoder)
 
     def register_classification_head(self, name, num_classes=None, inner_dim=None, **kwargs):
