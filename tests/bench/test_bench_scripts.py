@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from bench import chunk_size, decode_speed, plot, profile_decode, report, side_by_side, state_passes, train_speed
+from bench import chunk_size, decode_speed, encoder_attention, plot, profile_decode, report, side_by_side, state_passes, train_speed
 from rfa_test_utils import REPO
 
 TINY_DECODE = ["--tiny", "--vocab", "60", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
@@ -212,3 +212,25 @@ def test_decode_defaults_follow_the_task():
     assert (lm.batch, lm.beam, max(lm.lengths)) == (1, 1, 8192)
     explicit = decode_speed.parse_args(["--task", "lm", "--beam", "4", "--batch", "3", "--lengths", "64"])
     assert (explicit.batch, explicit.beam, explicit.lengths) == (3, 4, [64])
+
+
+def test_encoder_attention_bench_writes_rows_and_skips_what_would_not_fit(tmp_path):
+    """Every variant at every length, ratios to softmax from the same run, the translation section
+    with its fixed output length, and softmax skipped (with the reason) where its attention
+    matrices would exceed the memory budget."""
+    path = tmp_path / "encoder.json"
+    encoder_attention.main(["--tiny", "--repeats", "1", "--threads", "1", "--out", str(path)])
+    data = json.loads(path.read_text())
+    assert data["meta"]["sdpa_vs_softmax_max_abs_diff"] < 1e-5
+    layer = [r for r in data["rows"] if r["section"] == "layer"]
+    assert {(r["variant"], r["length"]) for r in layer} == {(v, n) for v in encoder_attention.VARIANTS for n in (64, 128)}
+    assert all(r["seconds"] > 0 and r["time_vs_softmax"] > 0 for r in layer)
+    assert all(r["time_vs_softmax"] == 1.0 for r in layer if r["variant"] == "softmax")
+    translation = [r for r in data["rows"] if r["section"] == "translation"]
+    assert [r["variant"] for r in translation] == ["softmax", "rfa", "favor", "lara"]
+    assert all(r["output_tokens"] == 4 + 1 and 0 < r["encoder_seconds"] < r["seconds"] for r in translation)
+
+    rows = encoder_attention.main(["--tiny", "--repeats", "1", "--variants", "softmax", "rfa", "--lengths", "64",
+                                   "--documents", "--max-memory-gb", "1e-4"])
+    skipped = {r["variant"]: r.get("skipped", "") for r in rows if r["section"] == "layer"}
+    assert "would need" in skipped["softmax"] and skipped["rfa"] == ""
