@@ -1,0 +1,43 @@
+"""results/lra_study.py: the table it reports from recorded runs (ratios to softmax per setting,
+device and thread count), and its refusals."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+from rfa_test_utils import REPO
+
+
+def study():
+    spec = importlib.util.spec_from_file_location("lra_study", os.path.join(REPO, "results", "lra_study.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def record(attention, seed, acc, spu, peak, threads=1):
+    return {"attention": attention, "setting": "tiny", "seed": seed, "test_accuracy": acc, "valid_accuracy": acc + 1,
+            "s_per_update": spu, "peak_mb": peak, "train_threads": threads, "device": "cpu"}
+
+
+def test_report_gives_ratios_to_softmax(tmp_path, capsys):
+    out = tmp_path / "study.jsonl"
+    rows = [record("lara", 1, 30.0, 0.3, 600), record("softmax", 1, 40.0, 0.2, 500),
+            record("lara", 2, 34.0, 0.5, 700), record("rfa", 1, 20.0, None, 550),
+            record("softmax", 1, 10.0, 1.0, 900, threads=2)]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    study().main(["--report", "--out", str(out)])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny")]
+    # softmax first; LARA over two seeds (median time 0.4 s = 2x softmax's, peak 650 MB = 1.3x);
+    # a run without a time per update (resumed) shows none; two threads are a group of their own
+    assert lines == ["| tiny | cpu, 1 | softmax | 1 | 40.0 | 41.0 | 0.200 (1.00x) | 500 (1.00x) |",
+                     "| tiny | cpu, 1 | rfa | 1 | 20.0 | 21.0 | - | 550 (1.10x) |",
+                     "| tiny | cpu, 1 | lara | 1,2 | 32.0 (30.0-34.0) | 33.0 | 0.400 (2.00x) | 650 (1.30x) |",
+                     "| tiny | cpu, 2 | softmax | 1 | 10.0 | 11.0 | 1.000 (1.00x) | 900 (1.00x) |"]
+
+
+def test_unknown_attention_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        study().main(["--attentions", "rfa", "linformer"])
+    assert "linformer" in capsys.readouterr().err
