@@ -112,6 +112,19 @@ select_size() {
   die "SIZE must be one of: $* for $TASK (got '$SIZE')"
 }
 
+# select_stateful VARIANT: STATEFUL=1 (language models, RFA variants) trains and scores with the
+# recurrent state carried from block to block (--task rfa_stateful_lm; the paper's "stateful" rows);
+# the run name gains ".stateful", so it never mixes with the run of the same variant without state.
+select_stateful() {
+  STATEFUL=${STATEFUL:-0}
+  case $STATEFUL in
+    0) ;;
+    1) [ "${1:-}" != softmax ] || die "STATEFUL=1 needs an RFA variant: softmax attention has no recurrent state to carry"
+       SIZE_SUFFIX=${SIZE_SUFFIX:-}.stateful ;;
+    *) die "STATEFUL must be 0 or 1, got '$STATEFUL'" ;;
+  esac
+}
+
 # set_variant VARIANT SOFTMAX_ARCH RFA_ARCH [--rfa-* flags of the task]: the variant switch. Sets
 # VARIANT, ARCH, RFA_ARGS (an array: the task's flags plus the variant's; empty for softmax, which
 # runs fairseq's own architecture with the same command otherwise), RUN (the run name: $RUN from

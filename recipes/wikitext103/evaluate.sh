@@ -3,6 +3,7 @@
 #
 #   bash recipes/wikitext103/evaluate.sh VARIANT [extra fairseq-eval-lm flags]
 #   SIZE=small bash recipes/wikitext103/evaluate.sh VARIANT    # the small model's run
+#   STATEFUL=1 bash recipes/wikitext103/evaluate.sh rfa_gate   # the run train.sh made with STATEFUL=1
 #
 # fairseq-eval-lm on checkpoint_best.pt (CHECKPOINT=path to choose another), twice per split:
 # - 512-token blocks scored independently (--context-window 0: no context is carried over from
@@ -11,12 +12,16 @@
 # - a sliding window: blocks of 512 tokens whose first CONTEXT_WINDOW (default 400, as fairseq's
 #   language-model example) are context only, so every scored token sees at least 400 tokens.
 #   Lower perplexity, comparable with fairseq's and Baevski and Auli's way of scoring.
+# - RFA runs, a third time: the state carried through the whole split (--task rfa_stateful_lm, one
+#   stream of 512-token blocks): every token sees all the text before it. The paper's stateful
+#   setting; any RFA checkpoint can be scored so, trained with STATEFUL=1 or not.
 # Outputs in $WORK/eval/RUN/ (RUN: the run name given to train.sh, default VARIANT, VARIANT.small
 # with SIZE=small).
 # shellcheck source=recipes/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 recipe_init wikitext103
 select_size big small
+select_stateful "${1:-}"
 if [ "$SIZE" = small ]; then
   set_variant "${1:-}" transformer_lm_wiki103 rfa_transformer_lm_wiki103_small
 else
@@ -38,30 +43,42 @@ mkdir -p "$EVAL_DIR"
 # more training (a new checkpoint_best.pt) redoes them.
 TAG=$(basename "$CHECKPOINT" .pt).$(date -r "$CHECKPOINT" +%Y%m%d-%H%M%S)
 
+# Scorings: cw0 (blocks alone), cw$CONTEXT_WINDOW (sliding window), and for RFA runs "state".
+MODES=(0 "$CONTEXT_WINDOW")
+[ "$VARIANT" = softmax ] || MODES+=(state)
+mode_name() { if [ "$1" = state ]; then echo state; else echo "cw$1"; fi; }
+
 eval_lm() {
-  local split=$1 window=$2; shift 2
-  # --required-batch-size-multiple 1: fairseq would otherwise drop a last partial batch of blocks.
+  local split=$1 mode=$2 how; shift 2
+  if [ "$mode" = state ]; then
+    how=(--task rfa_stateful_lm --batch-size 1)
+  else
+    # --required-batch-size-multiple 1: fairseq would otherwise drop a last partial batch of blocks.
+    how=(--task language_modeling --sample-break-mode none --context-window "$mode"
+         --max-tokens "${EVAL_MAX_TOKENS:-3072}" --required-batch-size-multiple 1)
+  fi
   fairseq-eval-lm "$DATA_BIN" --user-dir "$USER_DIR" --path "$CHECKPOINT" --gen-subset "$split" \
-    --tokens-per-sample "$TOKENS_PER_SAMPLE" --context-window "$window" \
-    --max-tokens "${EVAL_MAX_TOKENS:-3072}" --softmax-batch 1024 --required-batch-size-multiple 1 \
-    ${EVAL_ARGS[@]+"${EVAL_ARGS[@]}"} "$@" 2>&1 | tee "$EVAL_DIR/eval_lm.$split.$TAG.cw$window.log"
+    --tokens-per-sample "$TOKENS_PER_SAMPLE" ${how[@]+"${how[@]}"} --softmax-batch 1024 \
+    ${EVAL_ARGS[@]+"${EVAL_ARGS[@]}"} "$@" 2>&1 | tee "$EVAL_DIR/eval_lm.$split.$TAG.$(mode_name "$mode").log"
 }
 
 for split in valid test; do
-  for window in 0 "$CONTEXT_WINDOW"; do
-    step "eval-lm.$RUN.$split.$TAG.cw$window" eval_lm "$split" "$window" "$@"
+  for mode in ${MODES[@]+"${MODES[@]}"}; do
+    step "eval-lm.$RUN.$split.$TAG.$(mode_name "$mode")" eval_lm "$split" "$mode" "$@"
   done
 done
-log "results ($EVAL_DIR/eval_lm.*.$TAG.cw*.log):"
+log "results ($EVAL_DIR/eval_lm.*.$TAG.*.log):"
 for split in valid test; do
-  for window in 0 "$CONTEXT_WINDOW"; do
-    f=$EVAL_DIR/eval_lm.$split.$TAG.cw$window.log
+  for mode in ${MODES[@]+"${MODES[@]}"}; do
+    f=$EVAL_DIR/eval_lm.$split.$TAG.$(mode_name "$mode").log
     ppl=$(grep -o 'Perplexity: [0-9.]*' "$f" | tail -n 1 | cut -d' ' -f2)
     [ -n "$ppl" ] || die "no perplexity in $f"
-    if [ "$window" = 0 ]; then
+    if [ "$mode" = 0 ]; then
       how="$TOKENS_PER_SAMPLE-token blocks, --context-window 0 (the RFA paper's setting)"
+    elif [ "$mode" = state ]; then
+      how="state carried through the split in $TOKENS_PER_SAMPLE-token blocks (--task rfa_stateful_lm, the paper's stateful setting)"
     else
-      how="sliding window, --context-window $window in $TOKENS_PER_SAMPLE-token blocks"
+      how="sliding window, --context-window $mode in $TOKENS_PER_SAMPLE-token blocks"
     fi
     echo "$split perplexity, $how: $ppl ($(grep -o 'Evaluated [0-9,]* tokens' "$f" | tail -n 1), $(basename "$CHECKPOINT"))"
   done

@@ -3,6 +3,7 @@
 #
 #   bash recipes/wikitext103/train.sh VARIANT [extra fairseq-train flags]
 #   SIZE=small bash recipes/wikitext103/train.sh VARIANT   # the small model (run name VARIANT.small)
+#   STATEFUL=1 bash recipes/wikitext103/train.sh rfa_gate  # the paper's stateful runs (run name VARIANT.stateful)
 #
 # VARIANT: softmax   fairseq's transformer_lm_wiki103
 #          rfa       rfa_transformer_lm_wiki103 (small: rfa_transformer_lm_wiki103_small) --rfa-causal-feature-dim 64
@@ -20,7 +21,11 @@
 # change); fp16 on GPU. A checkpoint every 2,000 updates (the last 5 kept, for resuming);
 # evaluate.sh scores checkpoint_best.pt.
 #
-# Environment: SIZE, RUN (run name, default VARIANT, VARIANT.small with SIZE=small), MAX_UPDATE,
+# STATEFUL=1 (RFA variants): --task rfa_stateful_lm instead of language_modeling. Each GPU's batch
+# is --batch-size MAX_TOKENS / 512 rows (the same tokens per update), and each row continues its own
+# stream of the training text, every layer carrying its state (S, z), detached, from one batch to
+# the next (truncated backpropagation through time); evaluate.sh scores the run the same way.
+# Environment: SIZE, STATEFUL, RUN (run name, default VARIANT, VARIANT.small with SIZE=small), MAX_UPDATE,
 # WARMUP, MAX_TOKENS, UPDATE_FREQ, SEED, WORLD_SIZE, LAUNCHER, FP16=0, DRY_RUN=1 (print the
 # command only).
 # Resuming: run the same command again; fairseq continues from checkpoints/RUN/checkpoint_last.pt,
@@ -31,6 +36,7 @@
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 recipe_init wikitext103
 select_size big small
+select_stateful "${1:-}"
 if [ "$SIZE" = small ]; then
   set_variant "${1:-}" transformer_lm_wiki103 rfa_transformer_lm_wiki103_small --rfa-causal-feature-dim 64
   SIZE_ARGS=(--decoder-layers 6 --decoder-embed-dim 512 --decoder-input-dim 512 --decoder-output-dim 512
@@ -55,10 +61,16 @@ else
 fi
 [ "$MAX_UPDATE" -gt "$WARMUP" ] || die "MAX_UPDATE ($MAX_UPDATE) must exceed the warm-up (WARMUP=$WARMUP updates)"
 set_batch "$REF_BATCHES" "$GPU_TOKENS" "$TOKENS_PER_SAMPLE" "$@"
+if [ "$STATEFUL" = 1 ]; then
+  # --max-tokens (also passed) plays no part in this task: the rows are its batch.
+  TASK_ARGS=(--task rfa_stateful_lm --batch-size $((MAX_TOKENS / TOKENS_PER_SAMPLE)))
+else
+  TASK_ARGS=(--task language_modeling --sample-break-mode none)
+fi
 
 train() {
-  train_cmd "$DATA_BIN" --user-dir "$USER_DIR" --task language_modeling \
-    --arch "$ARCH" ${RFA_ARGS[@]+"${RFA_ARGS[@]}"} --tokens-per-sample "$TOKENS_PER_SAMPLE" --sample-break-mode none \
+  train_cmd "$DATA_BIN" --user-dir "$USER_DIR" ${TASK_ARGS[@]+"${TASK_ARGS[@]}"} \
+    --arch "$ARCH" ${RFA_ARGS[@]+"${RFA_ARGS[@]}"} --tokens-per-sample "$TOKENS_PER_SAMPLE" \
     --criterion adaptive_loss --optimizer nag --clip-norm 0.1 \
     --lr 1.0 --lr-scheduler cosine --warmup-updates "$WARMUP" --warmup-init-lr 1e-07 \
     --t-mult 2 --lr-shrink 0.75 --min-lr 0.0001 --stop-min-lr 1e-09 \

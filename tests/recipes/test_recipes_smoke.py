@@ -24,14 +24,14 @@ TEST_SENTENCES = {"iwslt14_de_en": 20, "wmt14_en_de": 12, "wmt14_en_fr": 12}
 STEP_STARTED = re.compile(r"step (\S+): start")
 
 
-def _env(work):
+def _env(work, **extra):
     # The recipes run in the test's own environment (RFA_USE_CURRENT_ENV=1, its bin/ first on PATH).
     return dict(os.environ, SMOKE="1", WORK=str(work), RFA_USE_CURRENT_ENV="1", PYTHONWARNINGS="ignore",
-                OMP_NUM_THREADS="1", PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+                OMP_NUM_THREADS="1", PATH=BIN + os.pathsep + os.environ.get("PATH", ""), **extra)
 
 
-def recipe(task, script, *args, work, check=True):
-    proc = subprocess.run(["bash", os.path.join(RECIPES, task, script), *args], env=_env(work),
+def recipe(task, script, *args, work, check=True, **env):
+    proc = subprocess.run(["bash", os.path.join(RECIPES, task, script), *args], env=_env(work, **env),
                           capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     if check and proc.returncode != 0:
@@ -133,6 +133,29 @@ def test_language_model_recipe_smoke(smoke):
             assert m.group(2).replace(",", "") == expected
         # the two ways of scoring differ (context carried into the scored tokens or not)
         assert blocks.group(1) != sliding.group(1)
+        # an RFA run is scored a third time, its state carried through the split
+        state = re.search(rf"^{split} perplexity, state carried through the split in 64-token blocks "
+                          r"\(--task rfa_stateful_lm, the paper's stateful setting\): ([\d.]+) \(Evaluated ([\d,]+) tokens",
+                          ev, re.M)
+        assert state and state.group(2).replace(",", "") == expected, ev[-2000:]
+        assert state.group(1) != blocks.group(1)
+
+
+def test_language_model_stateful_recipe(smoke):
+    """STATEFUL=1: train.sh trains with the state carried across batches under its own run name,
+    evaluate.sh scores that run (the carried state included); softmax has no state and is refused."""
+    work, out = smoke("wikitext103")
+    command = recipe("wikitext103", "train.sh", "rfa_gate", work=work, STATEFUL="1", DRY_RUN="1")[1]
+    assert "--task rfa_stateful_lm --batch-size 8 " in command and "language_modeling" not in command
+    train = recipe("wikitext103", "train.sh", "rfa_gate", work=work, STATEFUL="1")[2]
+    assert "task: StatefulLanguageModelingTask" in train and "num_updates 6" in train
+    assert (work / "checkpoints" / "rfa_gate.stateful" / "checkpoint_last.pt").exists()
+    ev = recipe("wikitext103", "evaluate.sh", "rfa_gate", work=work, STATEFUL="1")[2]
+    assert "rfa_gate.stateful" in ev and ev.count("perplexity, state carried through the split") == 2, ev[-2000:]
+    code, _, msg = recipe("wikitext103", "train.sh", "softmax", work=work, check=False, STATEFUL="1")
+    assert code != 0 and "STATEFUL=1 needs an RFA variant" in msg
+    code, _, msg = recipe("wikitext103", "train.sh", "rfa", work=work, check=False, STATEFUL="yes")
+    assert code != 0 and "STATEFUL must be 0 or 1, got 'yes'" in msg
 
 
 @pytest.mark.parametrize("task", TASKS)
