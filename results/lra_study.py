@@ -9,10 +9,11 @@ update and peak memory, as ratios to softmax. A resumable queue of training runs
 Every run generates (once per setting) ListOps with recipes/lra/listops.py, binarises it with
 recipes/lra/prepare.sh, trains the classifier with fairseq-train (sentence_prediction task),
 scores the test split of checkpoint_best.pt with fairseq-validate and appends one JSON line to
---out (default results/lra_study.jsonl): accuracies, seconds per update, peak memory (the
-CUDA allocator's peak on a GPU, else the training process's peak resident memory, which includes
-the ~0.5 GB of Python, torch and fairseq and so understates the differences), the device and the
-threads. A run already recorded is skipped; an interrupted one resumes from its checkpoint (its
+--out (default results/lra_study.jsonl): accuracies, seconds per update (fairseq's train_wall,
+which leaves out validation and checkpoints; also the whole run's time per update), peak memory
+(the CUDA allocator's peak on a GPU, else the training process's peak resident memory, which
+includes the ~0.5 GB of Python, torch and fairseq and so understates the differences), the
+device and the threads. A run already recorded is skipped; an interrupted one resumes from its checkpoint (its
 work folder, work/lra_study/, is kept). Timings spoil each other: run one queue at a time, or
 pin each to its own core (``OMP_NUM_THREADS=1 taskset -c N``).
 
@@ -138,11 +139,16 @@ def one_run(attention: str, setting: str, seed: int, data: Path, work: Path, on_
         out / "test.log")
     test = re.search(r"valid on 'test' subset \| loss ([\d.]+) .*?accuracy ([\d.]+)", (out / "test.log").read_text())
     peak = json.loads((out / "peak.json").read_text()) if (out / "peak.json").exists() else {}
+    # fairseq's per-epoch train_wall (whole seconds) counts the updates alone, not validation and saving
+    train_wall = sum(int(w) for w in re.findall(r"\| train \| epoch \d+ \|.*?\| train_wall (\d+) \|",
+                                                (out / "train.log").read_text()))
     return {"attention": attention, "setting": setting, "seed": seed, "updates": s["updates"],
             "valid_accuracy": t["best_valid_accuracy"], "test_accuracy": float(test.group(2)),
             "test_loss": float(test.group(1)), "train_s": t["train_s"],
             # only a run trained in one go has a meaningful time per update
-            "s_per_update": None if t["resumed"] or not t["train_s"] else round(t["train_s"] / s["updates"], 4),
+            "s_per_update": None if t["resumed"] or not train_wall else round(train_wall / s["updates"], 4),
+            "s_per_update_with_validation": None if t["resumed"] or not t["train_s"]
+            else round(t["train_s"] / s["updates"], 4),
             "train_threads": t["threads"], "device": peak.get("device", "cpu"),
             "peak_mb": peak.get("cuda_peak_mb", peak.get("max_rss_mb")),
             "peak_kind": "cuda_allocated" if "cuda_peak_mb" in peak else "max_rss",

@@ -65,7 +65,7 @@ convert() {
 binarize() {
   local field dict
   rm -rf "$DATA_BIN"
-  for field in "${FIELDS[@]}"; do
+  for field in ${FIELDS[@]+"${FIELDS[@]}"}; do
     dict=$TEXT/dict.input0.txt
     [ "$field" = label ] && dict=$TEXT/dict.label.txt
     fairseq-preprocess --only-source --srcdict "$dict" --trainpref "$TEXT/train.$field" \

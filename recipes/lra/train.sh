@@ -57,7 +57,7 @@ if [ "${FP16:-1}" = 1 ] && [ "$(gpu_count)" -gt 0 ]; then FP16_ARGS=(--fp16); fi
 log "batch: $WORLD GPU(s) x --batch-size $BATCH_SIZE = $((WORLD * BATCH_SIZE)) examples per update (LRA: $BATCH)"
 
 train() {
-  train_cmd "$DATA_BIN" --user-dir "$USER_DIR" "${TASK_ARGS[@]}" --arch "$ARCH" ${RFA_ARGS[@]+"${RFA_ARGS[@]}"} \
+  train_cmd "$DATA_BIN" --user-dir "$USER_DIR" ${TASK_ARGS[@]+"${TASK_ARGS[@]}"} --arch "$ARCH" ${RFA_ARGS[@]+"${RFA_ARGS[@]}"} \
     --criterion sentence_prediction --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-9 \
     --weight-decay 0.1 --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" \
     --batch-size "$BATCH_SIZE" --required-batch-size-multiple 1 --max-update "$MAX_UPDATE" \

@@ -34,7 +34,6 @@ def load(name):
 
 listops = load("listops")
 listops_eval = load("listops_eval")
-sys.path.insert(0, LRA)  # prepare.py imports its neighbours
 prepare = load("prepare")
 
 
@@ -265,3 +264,37 @@ def test_second_run_skips_finished_steps_and_bad_arguments(smoke):
     # the same run name with other flags is refused rather than resumed
     code, msg = recipe("train.sh", "listops", "softmax", "--encoder-layers", "2", work=work, check=False)
     assert code != 0 and "run 'softmax'" in msg
+
+
+# ---------------------------------------------------------------- the commands train.sh builds
+
+@pytest.mark.parametrize("task,arch,updates,warmup,lr,positions,classes", [
+    ("listops", "rfa_classifier_lra_listops", "5000", "1000", "1.58e-3", "2002", "10"),
+    ("text", "rfa_classifier_lra_text", "20000", "8000", "5.59e-4", "4002", "2"),
+    ("retrieval", "rfa_classifier_lra_retrieval", "5000", "8000", "5.59e-4", "8004", "2"),
+])
+def test_train_command_has_lras_budget(tmp_path, task, arch, updates, warmup, lr, positions, classes):
+    import shlex
+
+    (tmp_path / "data-bin" / "input0").mkdir(parents=True)
+    (tmp_path / "data-bin" / "input0" / "dict.txt").write_text("00 1\n")
+    env = dict(_env(tmp_path), SMOKE="0", DRY_RUN="1", WORLD_SIZE="2", FP16="0")
+    proc = subprocess.run(["bash", os.path.join(LRA, "train.sh"), task, "lara"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cmd = shlex.split(next(line for line in proc.stdout.splitlines() if line.startswith("fairseq-train ")))
+
+    def flag(name):
+        return cmd[cmd.index(name) + 1]
+
+    assert (flag("--arch"), flag("--encoder-attention"), flag("--max-update"), flag("--warmup-updates"),
+            flag("--lr"), flag("--max-positions"), flag("--num-classes")) == (arch, "lara", updates, warmup, lr,
+                                                                               positions, classes)
+    assert flag("--task") == "sentence_prediction" and flag("--criterion") == "sentence_prediction"
+    assert flag("--init-token") == "0" and ("--separator-token" in cmd) == (task == "retrieval")
+    assert flag("--batch-size") == "16"  # LRA's 32 examples per update over 2 GPUs
+    assert flag("--weight-decay") == "0.1" and flag("--adam-betas") == "(0.9, 0.98)"
+    env["WORLD_SIZE"] = "3"
+    proc = subprocess.run(["bash", os.path.join(LRA, "train.sh"), task, "lara"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and "do not split over 3 GPUs" in proc.stderr
