@@ -235,15 +235,16 @@ class RFAClassifierModel(BaseFairseqModel):
 
     def upgrade_state_dict_named(self, state_dict, name):
         super().upgrade_state_dict_named(state_dict, name)
-        # A checkpoint's heads are the ones registered by the task that trained it; a task asking
-        # for another head name (fairseq-validate with --classification-head-name) gets it too.
+        # Heads saved in the checkpoint that this model was not built with (it was trained under
+        # another --classification-head-name, or with several heads) are registered with their
+        # saved sizes, so that strict loading keeps them instead of failing on their keys.
         prefix = name + "." if name else ""
-        for key in state_dict:
-            if key.startswith(prefix + "classification_heads."):
-                head = key[len(prefix + "classification_heads."):].split(".")[0]
+        for key in list(state_dict):
+            if key.startswith(prefix + "classification_heads.") and key.endswith(".out_proj.weight"):
+                head = key[len(prefix + "classification_heads."):-len(".out_proj.weight")]
                 if head not in self.classification_heads:
-                    num_classes = state_dict[prefix + f"classification_heads.{head}.out_proj.weight"].size(0)
-                    self.register_classification_head(head, num_classes)
+                    inner = state_dict[prefix + f"classification_heads.{head}.mlp.0.weight"].size(0)
+                    self.register_classification_head(head, state_dict[key].size(0), inner_dim=inner)
 
 
 def _set_default(args, name, value):

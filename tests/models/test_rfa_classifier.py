@@ -163,3 +163,16 @@ def test_learned_positions_and_mlp_dim(classifier):
     _, model = classifier("--encoder-learned-pos", "--classifier-mlp-dim", "48")
     assert type(model.encoder.embed_positions).__name__ == "LearnedPositionalEmbedding"
     assert model.classification_heads["sentence_classification_head"].mlp[0].out_features == 48
+
+
+def test_checkpoint_heads_missing_from_the_model_are_registered(classifier):
+    """A state dict with a head the model was not built with (another --classification-head-name)
+    loads strictly: the head is registered with its saved class count and MLP size."""
+    _, model = classifier("--classifier-mlp-dim", "24")
+    model.register_classification_head("other", num_classes=5, inner_dim=12)
+    state = model.state_dict()
+    _, fresh = classifier("--classifier-mlp-dim", "24")
+    assert "other" not in fresh.classification_heads
+    fresh.load_state_dict(state)  # fairseq's load_state_dict runs upgrade_state_dict first
+    assert fresh.classification_heads["other"].out_proj.out_features == 5
+    assert fresh.classification_heads["other"].mlp[0].out_features == 12
