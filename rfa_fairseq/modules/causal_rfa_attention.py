@@ -205,8 +205,8 @@ class CausalRFAttention(RFAttentionBase):
         rows are gathered into a spare buffer kept beside the state (the two then swap roles), so
         a decoding step allocates no new state-sized memory; the identity order copies nothing.
         When finished sentences shrink the batch, the smaller state is gathered into the front of
-        the larger spare buffer: a fresh state-sized tensor would be mapped and zeroed page by
-        page by the operating system at every shrink, which on a CPU cost more than the gather.
+        the larger spare buffer, so shrinking allocates nothing either (a fresh state-sized tensor
+        is mapped and zeroed page by page by the operating system).
         """
         saved = self._get_input_buffer(incremental_state)
         state = saved.get("state")
