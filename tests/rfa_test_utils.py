@@ -74,6 +74,18 @@ def head_gz(src, dst, n):
             out.write(line)
 
 
+def multi30k_bin(directory, sizes=(("train", 300), ("valid", 40), ("test", 12)), destdir="bin", *extra):
+    """The first sentences of the shipped Multi30k de-en splits (``sizes``: split -> count), as raw
+    text in ``directory`` and binarised with a joined dictionary in ``directory / destdir``."""
+    for split, n in sizes:
+        for lang in ("de", "en"):
+            head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.{lang}.gz"), directory / f"{split}.{lang}", n)
+    run_cli("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
+            "--trainpref", directory / "train", "--validpref", directory / "valid", "--testpref", directory / "test",
+            "--destdir", directory / destdir, "--workers", "1", *extra)
+    return directory / destdir
+
+
 # the CPU features of x86-64-v3 as /proc/cpuinfo names them
 X86_64_V3_FLAGS = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
 

@@ -10,13 +10,8 @@
 # checkpoint, so training further and evaluating again scores again.
 # shellcheck source=recipes/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-TASK_NAME=${1:-}
-case $TASK_NAME in
-  listops|text|retrieval) ;;
-  *) TASK=lra die "first argument: the task, one of listops, text, retrieval (got '$TASK_NAME')" ;;
-esac
-recipe_init "lra_$TASK_NAME"
 . "$RECIPES/lra/settings.sh"
+lra_init "${1:-}"
 lra_settings "$TASK_NAME" "${2:-}"
 shift 2
 CKPT=$CKPT_DIR/${CHECKPOINT:-checkpoint_best.pt}

@@ -16,12 +16,8 @@
 # archive). MAX_LENGTH: bytes kept per document for text and retrieval (default 4000).
 # shellcheck source=recipes/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-TASK_NAME=${1:-}
-case $TASK_NAME in
-  listops|text|retrieval) ;;
-  *) TASK=lra die "first argument: the task, one of listops, text, retrieval (got '$TASK_NAME')" ;;
-esac
-recipe_init "lra_$TASK_NAME"
+. "$RECIPES/lra/settings.sh"
+lra_init "${1:-}"
 LRA=$RECIPES/lra
 TEXT=$WORK/text
 MAX_LENGTH=${MAX_LENGTH:-4000}

@@ -1,5 +1,15 @@
-# The LRA recipes' per-task settings (sourced by train.sh and evaluate.sh after common.sh).
+# The LRA recipes' per-task settings (sourced by prepare.sh, train.sh and evaluate.sh after common.sh).
 #
+# lra_init TASK: checks the task (the scripts' first argument), sets TASK_NAME, and recipe_init.
+lra_init() {
+  TASK_NAME=$1
+  case $TASK_NAME in
+    listops|text|retrieval) ;;
+    *) TASK=lra die "first argument: the task, one of listops, text, retrieval (got '$TASK_NAME')" ;;
+  esac
+  recipe_init "lra_$TASK_NAME"
+}
+
 # lra_settings TASK ATTENTION: ARCH, RFA_ARGS (the attention flag; run_identity records it), RUN,
 # CKPT_DIR, TASK_ARGS (sentence_prediction's flags), and the budget MAX_UPDATE, WARMUP, LR.
 LRA_ATTENTIONS="softmax rfa favor lara"

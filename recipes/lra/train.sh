@@ -23,13 +23,8 @@
 # WORLD_SIZE, LAUNCHER, FP16=0 (--fp16 is on when a GPU is seen), DRY_RUN=1 (print the command).
 # shellcheck source=recipes/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
-TASK_NAME=${1:-}
-case $TASK_NAME in
-  listops|text|retrieval) ;;
-  *) TASK=lra die "first argument: the task, one of listops, text, retrieval (got '$TASK_NAME')" ;;
-esac
-recipe_init "lra_$TASK_NAME"
 . "$RECIPES/lra/settings.sh"
+lra_init "${1:-}"
 lra_settings "$TASK_NAME" "${2:-}"
 shift 2
 [ -f "$DATA_BIN/input0/dict.txt" ] || die "no binarised data in $DATA_BIN: run prepare.sh $TASK_NAME first"

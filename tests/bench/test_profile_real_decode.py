@@ -1,10 +1,9 @@
 """bench/profile_real_decode.py on two tiny trained checkpoints (softmax and RFA-Gate)."""
-import os
 
 import pytest
 
 from bench import profile_real_decode
-from rfa_test_utils import REPO, USER_DIR, head_gz, run_cli
+from rfa_test_utils import USER_DIR, multi30k_bin, run_cli
 
 TINY = ["--encoder-layers", "1", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
@@ -16,19 +15,14 @@ TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1500", "--no-pr
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     d = tmp_path_factory.mktemp("profile")
-    for split, n in (("train", 60), ("valid", 8), ("test", 9)):
-        for lang in ("de", "en"):
-            head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.{lang}.gz"), d / f"{split}.{lang}", n)
-    run_cli("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
-            "--trainpref", d / "train", "--validpref", d / "valid", "--testpref", d / "test",
-            "--destdir", d / "bin", "--workers", "1")
+    data = multi30k_bin(d, (("train", 60), ("valid", 8), ("test", 9)))
     archs = {"softmax": ["--arch", "transformer_iwslt_de_en"],
              "rfa_gate": ["--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en", "--rfa-gate"]}
     paths = {}
     for name, arch in archs.items():
-        run_cli("fairseq-train", d / "bin", *arch, *TINY, *TRAIN, "--save-dir", d / name)
+        run_cli("fairseq-train", data, *arch, *TINY, *TRAIN, "--save-dir", d / name)
         paths[name] = d / name / "checkpoint_last.pt"
-    return d / "bin", paths
+    return data, paths
 
 
 def test_profile_counts_every_operator_of_a_step_in_one_range(checkpoints, tmp_path):

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from rfa_test_utils import REPO, USER_DIR, head_gz, run_cli
+from rfa_test_utils import REPO, USER_DIR, head_gz, multi30k_bin, run_cli
 
 TINY = ["--encoder-layers", "1", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
@@ -22,12 +22,7 @@ TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1500", "--no-pr
 @pytest.fixture(scope="module")
 def mt_data(tmp_path_factory):
     d = tmp_path_factory.mktemp("mt")
-    for split, n in (("train", 300), ("valid", 40), ("test", 12)):
-        for lang in ("de", "en"):
-            head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.{lang}.gz"), d / f"{split}.{lang}", n)
-    run_cli("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
-        "--trainpref", d / "train", "--validpref", d / "valid", "--testpref", d / "test",
-        "--destdir", d / "bin", "--thresholdsrc", "2", "--workers", "1")
+    multi30k_bin(d, (("train", 300), ("valid", 40), ("test", 12)), "bin", "--thresholdsrc", "2")
     return d
 
 

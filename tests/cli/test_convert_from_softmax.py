@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from rfa_test_utils import REPO, USER_DIR, head_gz, run_cli
+from rfa_test_utils import REPO, USER_DIR, multi30k_bin, run_cli
 
 SPEC = importlib.util.spec_from_file_location("convert_from_softmax", os.path.join(REPO, "scripts", "convert_from_softmax.py"))
 convert_from_softmax = importlib.util.module_from_spec(SPEC)
@@ -29,12 +29,7 @@ RFA_ONLY = re.compile(r"(feature_map\.(sigma|random_matrix)|gate_proj\.(weight|b
 def softmax(tmp_path_factory):
     """Tiny softmax checkpoints trained by fairseq-train: translation (de-en) and language model."""
     d = tmp_path_factory.mktemp("softmax")
-    for split, n in (("train", 300), ("valid", 40), ("test", 12)):
-        for lang in ("de", "en"):
-            head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.{lang}.gz"), d / f"{split}.{lang}", n)
-    run_cli("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
-            "--trainpref", d / "train", "--validpref", d / "valid", "--testpref", d / "test",
-            "--destdir", d / "mt", "--thresholdsrc", "2", "--workers", "1")
+    multi30k_bin(d, (("train", 300), ("valid", 40), ("test", 12)), "mt", "--thresholdsrc", "2")
     run_cli("fairseq-preprocess", "--only-source", "--trainpref", d / "train.en", "--validpref", d / "valid.en",
             "--testpref", d / "test.en", "--destdir", d / "lm", "--workers", "1")
     run_cli("fairseq-train", d / "mt", "--arch", "transformer_iwslt_de_en", "--share-all-embeddings", *ENCODER, *DIMS,

@@ -2,14 +2,13 @@
 search) from the saved checkpoint, for each linear encoder (and LARA behind a softmax decoder);
 for LARA also resuming training from the checkpoint. Tiny models on the shipped Multi30k sample
 (each command line costs several seconds of start-up, so the resume runs once)."""
-import os
 import re
 
 import pytest
 import torch
 
 import rfa_fairseq  # noqa: F401  (allow-list for weights_only loading)
-from rfa_test_utils import REPO, USER_DIR, head_gz, run_cli
+from rfa_test_utils import USER_DIR, multi30k_bin, run_cli
 
 TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
@@ -22,12 +21,7 @@ GENERATE = ["--beam", "3", "--max-len-b", "8", "--batch-size", "12", "--required
 @pytest.fixture(scope="module")
 def mt_data(tmp_path_factory):
     d = tmp_path_factory.mktemp("mt_encoder")
-    for split, n in (("train", 200), ("valid", 20), ("test", 12)):
-        for lang in ("de", "en"):
-            head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.{lang}.gz"), d / f"{split}.{lang}", n)
-    run_cli("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
-            "--trainpref", d / "train", "--validpref", d / "valid", "--testpref", d / "test",
-            "--destdir", d / "bin", "--thresholdsrc", "2", "--workers", "1")
+    multi30k_bin(d, (("train", 200), ("valid", 20), ("test", 12)), "bin", "--thresholdsrc", "2")
     return d
 
 
