@@ -55,7 +55,20 @@ VARIANTS = {
     # the other feature maps
     "favor": RFA + ["--rfa-kernel", "favor"],
     "elu": RFA + ["--rfa-kernel", "elu"],
+    # linear encoders (issue "Linear-time encoder attention"), behind the default RFA-Gate decoder and
+    # behind fairseq's softmax decoder; LARA with 8 landmarks (Multi30k sources are 10-40 tokens)
+    **{f"{prefix}enc_{kind}": decoder + ["--encoder-attention", kind] + (["--lara-landmarks", "8"] if kind == "lara" else [])
+       for prefix, decoder in (("", GATE), ("softdec_", RFA + ["--decoder-attention", "softmax"]))
+       for kind in ("rfa", "favor", "lara")},
 }
+
+
+def has_rfa_modules(variant: str) -> bool:
+    """Whether the model has RFA attention modules for scripts/rfa_diagnostics.py to read: an RFA
+    decoder, or an rfa / favor encoder."""
+    flags = VARIANTS[variant]
+    rfa_decoder = flags[:len(RFA)] == RFA and "--decoder-attention" not in flags
+    return rfa_decoder or any(flags[i + 1] in ("rfa", "favor") for i, f in enumerate(flags) if f == "--encoder-attention")
 
 
 def run(cmd, log, **kw):
@@ -150,7 +163,7 @@ def one_run(variant: str, setting: str, seed: int, data: Path, work: Path, draws
         r = score(data, ckpt, split, out)
         record[f"{split}_bleu"] = r["bleu"]
         record[f"{split}_tokens_per_s"] = r.get("tokens_per_s")
-    if variant != "softmax":
+    if has_rfa_modules(variant):
         run([PY, "scripts/rfa_diagnostics.py", data / "bin", "--path", ckpt, "--json", out / "diagnostics.json"],
             out / "diagnostics.log")
         mods = json.loads((out / "diagnostics.json").read_text())["modules"]

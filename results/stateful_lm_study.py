@@ -4,7 +4,7 @@ the WikiText-103 text in ../shared/data (split by article, as results/wikitext_s
 resumable queue of runs that appends one JSON line per run.
 
     python results/stateful_lm_study.py                        # the four variants, seed 1
-    python results/stateful_lm_study.py --updates 2000 --seeds 1 2
+    python results/stateful_lm_study.py --updates 1000 --seeds 1 2
     python results/stateful_lm_study.py --report
 
 Same model (4 layers, 256 dims, 4 heads, FFN 1024, adaptive softmax) and budget (--updates of
@@ -15,8 +15,11 @@ Same model (4 layers, 256 dims, 4 heads, FFN 1024, adaptive softmax) and budget 
   rfa                rfa_transformer_lm, --task language_modeling
   rfa_gate_stateful  the same model with --task rfa_stateful_lm (state carried across updates)
 The RFA models are scored both ways: blocks alone (--task language_modeling) and with the state
-carried through the whole test split (--task rfa_stateful_lm, one stream). A recorded run is
-skipped; an interrupted one resumes from its checkpoint (work folder --work).
+carried through the whole test split (--task rfa_stateful_lm, one stream). The text is small
+(about 345K training tokens), so every model overfits within the budget: the checkpoint scored
+is the one with the best validation loss (fairseq's checkpoint_best.pt, one per epoch), and the
+record says at which update it was saved. A recorded run is skipped; an interrupted one resumes
+from its checkpoint (work folder --work).
 """
 import argparse
 import json
@@ -80,15 +83,19 @@ def one_run(variant: str, seed: int, a, data: Path) -> dict:
     log = run([BIN / "fairseq-train", data, "--task", task, *arch, *model_args(a), "--dropout", "0.2",
                "--tokens-per-sample", a.block, "--ddp-backend", "legacy_ddp", "--optimizer", "adam",
                "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0", "--lr", a.lr, "--lr-scheduler", "inverse_sqrt",
-               "--warmup-updates", max(1, a.updates // 10), *batch, "--seed", seed, "--max-update", a.updates,
+               "--warmup-updates", a.warmup, *batch, "--seed", seed, "--max-update", a.updates,
                "--save-dir", out, "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "50",
                "--cpu", "--num-workers", "0"], out / "train.log")
     done = re.search(r"done training in ([\d.]+) seconds", log)
-    ckpt = out / "checkpoint_last.pt"
-    record = {"variant": variant, "train_task": task, "seed": seed, "updates": a.updates, "block": a.block,
+    ckpt = out / "checkpoint_best.pt"  # chosen on the validation split: see the module docstring
+    valid = re.findall(r"valid on 'valid' subset \| loss [\d.]+ \| ppl ([\d.]+) .*?\| num_updates (\d+)", log)
+    record = {"variant": variant, "train_task": task, "seed": seed, "updates": a.updates, "warmup": a.warmup, "block": a.block,
               "model": f"{a.layers}x{a.dim}, {a.heads} heads", "train_s": float(done.group(1)) if done else None,
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                        cwd=ROOT).stdout.strip()}
+    if valid:  # the validation perplexities (base 2 in fairseq's log) and where the best one was
+        best_ppl, best_update = min((float(ppl), int(n)) for ppl, n in valid)
+        record.update(valid_ppl_best=best_ppl, best_update=best_update)
     record["test_ppl_blocks"] = perplexity(data, ckpt, "language_modeling", a.block, out / "eval_blocks.log")
     if variant == "softmax":
         record["test_ppl_sliding"] = perplexity(data, ckpt, "language_modeling", a.block, out / "eval_sliding.log",
@@ -103,12 +110,14 @@ def load(path: Path):
 
 
 def report(records):
-    print("| variant | trained with | updates | seed | test ppl, blocks alone | with state | sliding window | train s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| variant | trained with | updates | seed | best valid ppl (update) | test ppl, blocks alone "
+          "| with state | sliding window | train s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in records:
         cells = [r.get(k) for k in ("test_ppl_blocks", "test_ppl_stateful", "test_ppl_sliding")]
         cells = [f"{c:.2f}" if c is not None else "-" for c in cells]
-        print(f"| {r['variant']} | {r['train_task']} | {r['updates']} | {r['seed']} | {' | '.join(cells)} "
+        best = f"{r['valid_ppl_best']:.2f} ({r['best_update']})" if "valid_ppl_best" in r else "-"
+        print(f"| {r['variant']} | {r['train_task']} | {r['updates']} | {r['seed']} | {best} | {' | '.join(cells)} "
               f"| {r['train_s']} |")
 
 
@@ -116,7 +125,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--seeds", nargs="+", type=int, default=[1])
-    p.add_argument("--updates", type=int, default=1000)
+    p.add_argument("--updates", type=int, default=500,
+                   help="training updates (16 rows x --block tokens each); the best validation checkpoint is scored")
+    p.add_argument("--warmup", type=int, default=100,
+                   help="warm-up updates of the inverse square root schedule (fixed, so that a shorter run follows "
+                        "the start of a longer one)")
     p.add_argument("--block", type=int, default=256, help="--tokens-per-sample, in training and evaluation")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--dim", type=int, default=256)

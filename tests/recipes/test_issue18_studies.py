@@ -28,12 +28,13 @@ def test_stateful_lm_study_smoke(tmp_path):
                        for a in range(20))
         (src / name).write_text(text, encoding="utf-8")
     out = tmp_path / "out.jsonl"
-    args = ["--source", src, "--work", tmp_path / "work", "--out", out, "--updates", 3, "--block", 32, "--layers", 1,
+    args = ["--source", src, "--work", tmp_path / "work", "--out", out, "--updates", 3, "--warmup", 1, "--block", 32, "--layers", 1,
             "--dim", 32, "--cutoffs", "200,400", "--variants", "rfa_gate_stateful"]
     study("stateful_lm_study.py", *args)
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert record["train_task"] == "rfa_stateful_lm" and record["updates"] == 3
     assert 1 < record["test_ppl_stateful"] < 1e4 and 1 < record["test_ppl_blocks"] < 1e4
+    assert 1 <= record["best_update"] <= 3 and record["valid_ppl_best"] > 1  # the scored checkpoint: the best on valid
     assert "recorded, skipped" in study("stateful_lm_study.py", *args)
     assert "| rfa_gate_stateful | rfa_stateful_lm | 3 |" in study("stateful_lm_study.py", "--report", "--out", out)
 

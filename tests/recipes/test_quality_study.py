@@ -38,3 +38,12 @@ def test_unknown_variant_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         study().main(["--variants", "rfa_gate", "gate_sideways"])
     assert "gate_sideways" in capsys.readouterr().err
+
+
+def test_diagnostics_run_where_the_model_has_rfa_modules():
+    """scripts/rfa_diagnostics.py reads RFA attention modules: an RFA decoder or an rfa / favor
+    encoder; softmax and a LARA encoder behind fairseq's decoder have none."""
+    q = study()
+    assert [v for v in q.VARIANTS if not q.has_rfa_modules(v)] == ["softmax", "softdec_enc_lara"]
+    assert q.VARIANTS["softdec_enc_rfa"][-2:] == ["--encoder-attention", "rfa"]
+    assert "--decoder-attention" not in q.VARIANTS["enc_lara"] and "--rfa-gate" in q.VARIANTS["enc_lara"]
