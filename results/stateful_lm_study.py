@@ -14,6 +14,7 @@ Same model (4 layers, 256 dims, 4 heads, FFN 1024, adaptive softmax) and budget 
   rfa_gate           rfa_transformer_lm --rfa-gate, --task language_modeling (every block alone)
   rfa                rfa_transformer_lm, --task language_modeling
   rfa_gate_stateful  the same model with --task rfa_stateful_lm (state carried across updates)
+  rfa_gate_stateful_g8  the same with --stream-groups 8: 8 groups of 16 streams take turns
 The RFA models are scored both ways: blocks alone (--task language_modeling) and with the state
 carried through the whole test split (--task rfa_stateful_lm, one stream). The text is small
 (about 345K training tokens), so every model overfits within the budget: the checkpoint scored
@@ -37,6 +38,8 @@ VARIANTS = {
     "rfa_gate": ("language_modeling", RFA + ["--rfa-gate"]),
     "rfa": ("language_modeling", RFA),
     "rfa_gate_stateful": ("rfa_stateful_lm", RFA + ["--rfa-gate"]),
+    # 8 groups of 16 streams take turns, so successive updates read different articles
+    "rfa_gate_stateful_g8": ("rfa_stateful_lm", RFA + ["--rfa-gate", "--stream-groups", "8"]),
 }
 ROWS = 16  # rows per batch for both tasks (language_modeling: --max-tokens ROWS * block)
 

@@ -8,7 +8,13 @@ token a target once), then laid out as ``rows x L`` contiguous streams: with ``R
 the same). Each process takes its own ``--batch-size`` consecutive rows, so every rank has its own
 contiguous streams and the same number of batches. The last rows are padded where the text runs out.
 
-Each causal RFA module of the model gets a :class:`CarriedState` per stream: a batch starts from
+``--stream-groups G`` lays the text out as ``G x rows`` streams instead and lets consecutive batches
+take turns among G groups of ``rows`` streams (batch ``i``: group ``i mod G``, column ``i div G``).
+With one group every update reads the continuation of the passages the previous update read, so
+successive gradients come from the same few articles, unlike the shuffled blocks of
+``language_modeling``; with G groups an update sees other text than the G - 1 updates before it.
+
+Each causal RFA module of the model gets a :class:`CarriedState` per group of streams: a batch starts from
 the state the previous batch of its stream left behind, and leaves its own, detached (truncated
 backpropagation through time). Train and each valid split are separate streams; a stream starts
 from zero at its first batch, so at the start of every epoch and validation, and after a resume
@@ -50,6 +56,12 @@ class StatefulLMConfig(FairseqDataclass):
         default=512,
         metadata={"help": "block length: tokens per row of a batch (backpropagation reaches this far back; "
                           "the carried state reaches back to the start of the stream)"},
+    )
+    stream_groups: int = field(
+        default=1,
+        metadata={"help": "lay the text out as this many times --batch-size streams, and let consecutive batches "
+                          "take turns among the groups of --batch-size streams (each group carries its own state), "
+                          "so that successive updates read different parts of the text"},
     )
     max_target_positions: Optional[int] = field(
         default=None, metadata={"help": "positions the model is built for (default: --tokens-per-sample)"}
@@ -93,17 +105,20 @@ class TextBlocks(FairseqDataset):
 
 
 class StreamBatches(torch.utils.data.Dataset):
-    """Item ``i`` is batch ``i``: column ``i`` of a :func:`stream_layout`."""
+    """Item ``i`` is batch ``i`` of a :func:`stream_layout` of ``groups x rows`` streams: the rows
+    of group ``i mod groups`` at column ``i div groups``."""
 
-    def __init__(self, text: TextBlocks, layout: torch.Tensor):
-        self.text, self.layout = text, layout
+    def __init__(self, text: TextBlocks, layout: torch.Tensor, groups: int = 1):
+        self.text, self.groups = text, groups
+        self.layout = layout.view(groups, layout.size(0) // groups, layout.size(1))
 
     def __getitem__(self, i):
-        blocks = self.layout[:, i]
-        return i, blocks, [self.text[b] if b >= 0 else None for b in blocks.tolist()]
+        group, column = i % self.groups, i // self.groups
+        blocks = self.layout[group, :, column]
+        return group, column, blocks, [self.text[b] if b >= 0 else None for b in blocks.tolist()]
 
     def __len__(self):
-        return self.layout.size(1)
+        return self.groups * self.layout.size(2)
 
 
 @register_task("rfa_stateful_lm", dataclass=StatefulLMConfig)
@@ -115,7 +130,7 @@ class StatefulLanguageModelingTask(FairseqTask):
         if cfg.add_bos_token:
             raise ValueError("--add-bos-token is not supported by --task rfa_stateful_lm: blocks continue the text")
         self.dictionary = dictionary
-        self.carries = {}  # stream name -> one CarriedState per causal RFA module
+        self.carries = {}  # (split, group) -> one CarriedState per causal RFA module
 
     @classmethod
     def setup_task(cls, cfg: StatefulLMConfig, **kwargs):
@@ -161,9 +176,11 @@ class StatefulLanguageModelingTask(FairseqTask):
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
                            ignore_invalid_inputs=False, required_batch_size_multiple=1, seed=1, num_shards=1,
                            shard_id=0, num_workers=0, epoch=1, data_buffer_size=0, disable_iterator_cache=False,
-                           skip_remainder_batch=False, grouped_shuffling=False, update_epoch_batch_itr=False):
-        """Batches in stream order, never shuffled (each row continues the previous batch's row).
-        ``max_sentences`` (``--batch-size``) is the number of streams of this process; ``max_tokens``
+                           skip_remainder_batch=False, grouped_shuffling=False, update_epoch_batch_itr=False,
+                           groups=None):
+        """Batches in stream order, never shuffled (each row continues the row of its group's
+        previous batch). ``max_sentences`` (``--batch-size``) is the number of streams of a batch;
+        ``groups`` (default ``--stream-groups``) how many groups of them take turns; ``max_tokens``
         plays no part."""
         if max_sentences is None:
             raise ValueError("--task rfa_stateful_lm needs --batch-size: the number of text streams per process "
@@ -171,11 +188,15 @@ class StatefulLanguageModelingTask(FairseqTask):
         if isinstance(max_positions, int) and self.cfg.tokens_per_sample > max_positions:
             raise ValueError(f"--tokens-per-sample {self.cfg.tokens_per_sample} exceeds the model's {max_positions} "
                              "positions; with the carried state a shorter block loses no context")
-        layout = stream_layout(len(dataset), max_sentences, num_shards, shard_id)
+        groups = self.cfg.stream_groups if groups is None else groups
+        if groups < 1:
+            raise ValueError(f"--stream-groups must be at least 1, got {groups}")
+        batches = StreamBatches(dataset, stream_layout(len(dataset), max_sentences * groups, num_shards, shard_id),
+                                groups)
         return iterators.EpochBatchIterator(
-            dataset=StreamBatches(dataset, layout),
+            dataset=batches,
             collate_fn=lambda items: self.collate(items, dataset.name),
-            batch_sampler=[[i] for i in range(layout.size(1))],
+            batch_sampler=[[i] for i in range(len(batches))],
             epoch=epoch,
             num_workers=num_workers,
             buffer_size=data_buffer_size,
@@ -185,9 +206,9 @@ class StatefulLanguageModelingTask(FairseqTask):
 
     def collate(self, items, stream: str):
         """One batch: the rows' blocks right-padded to the longest (a row whose text has run out is
-        one pad). ``stream`` and ``block`` (the column) tell train_step/valid_step which carried
-        states continue here."""
-        (block, ids, pairs), = items
+        one pad). ``stream``, ``group`` and ``block`` (the column) tell train_step/valid_step which
+        carried states continue here."""
+        (group, block, ids, pairs), = items
         pad = self.dictionary.pad()
         empty = torch.tensor([pad])
         source = data_utils.collate_tokens([p[0] if p else empty for p in pairs], pad)
@@ -199,14 +220,15 @@ class StatefulLanguageModelingTask(FairseqTask):
             "nsentences": len(pairs),
             "ntokens": int(target.ne(pad).sum()),
             "stream": stream,
+            "group": group,
             "block": block,
         }
 
     def use_stream(self, model, sample):
-        """Point the model's causal RFA modules at the carried states of the sample's stream; the
-        stream's first batch, or the first one seen (after a resume), starts from zero."""
+        """Point the model's causal RFA modules at the carried states of the sample's group of
+        streams; its first batch, or the first one seen (after a resume), starts from zero."""
         modules = causal_rfa_modules(model)
-        stream = sample["stream"]
+        stream = sample["stream"], sample["group"]
         if sample["block"] == 0 or stream not in self.carries:
             self.carries[stream] = [CarriedState() for _ in modules]
         for module, carry in zip(modules, self.carries[stream]):
@@ -225,6 +247,7 @@ class StatefulLanguageModelingTask(FairseqTask):
         if context_window > 0:
             raise ValueError("--context-window does not apply to --task rfa_stateful_lm: the carried state holds "
                              "all the text before each block")
+        # the model carries one set of states here (see build_model): one group of streams
         return self.get_batch_iterator(dataset, max_sentences=batch_size or 1, max_positions=max_positions,
                                        num_shards=num_shards, shard_id=shard_id, num_workers=num_workers,
-                                       data_buffer_size=data_buffer_size).next_epoch_itr(shuffle=False)
+                                       data_buffer_size=data_buffer_size, groups=1).next_epoch_itr(shuffle=False)

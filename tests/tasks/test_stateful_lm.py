@@ -41,8 +41,9 @@ def text_tokens(task, split):
     return torch.cat([blocks.dataset[i] for i in range(len(blocks.dataset))])
 
 
-def batches(task, split, rows, num_shards=1, shard_id=0):
-    itr = task.get_batch_iterator(task.dataset(split), max_sentences=rows, num_shards=num_shards, shard_id=shard_id)
+def batches(task, split, rows, num_shards=1, shard_id=0, groups=None):
+    itr = task.get_batch_iterator(task.dataset(split), max_sentences=rows, num_shards=num_shards, shard_id=shard_id,
+                                  groups=groups)
     return list(itr.next_epoch_itr(shuffle=True))
 
 
@@ -66,24 +67,27 @@ def test_stream_layout():
         stream_layout(10, 0)
 
 
-@pytest.mark.parametrize("shards", [1, 2], ids=["1-rank", "2-ranks"])
-def test_every_row_continues_its_text(lm_data, shards):
-    """Read row by row, the batches of every rank give back the text in order: each row's targets
-    are a contiguous piece of the text, rows follow each other (rank 0's rows, then rank 1's),
-    every token is a target exactly once, and each block's first input is the previous block's
-    last target (the token before it in the text)."""
-    task, _ = stateful(lm_data)
+@pytest.mark.parametrize("shards,groups", [(1, 1), (2, 1), (1, 3), (2, 2)],
+                         ids=["1-rank", "2-ranks", "1-rank-3-groups", "2-ranks-2-groups"])
+def test_every_row_continues_its_text(lm_data, shards, groups):
+    """Read row by row, the batches of every rank and group give back the text in order: each
+    row's targets are a contiguous piece of the text, rows follow each other (rank 0's groups in
+    turn, then rank 1's), every token is a target exactly once, and each block's first input is
+    the previous block's last target (the token before it in the text). Consecutive batches take
+    turns among the groups."""
+    task, _ = stateful(lm_data, "--stream-groups", str(groups))
     task.load_dataset("train")
     text = text_tokens(task, "train")
     rows, targets = 3, []
     for shard in range(shards):
         samples = batches(task, "train", rows, shards, shard)
         assert all(s["target"].size(0) == rows and s["stream"] == "train" for s in samples)
-        assert [s["block"] for s in samples] == list(range(len(samples)))
-        for r, (src, tgt) in enumerate(row_streams(task, samples)):
-            targets.append(tgt)
-            if len(tgt):
-                assert torch.equal(src[1:], tgt[:-1]), f"rank {shard} row {r}: inputs are not the targets shifted"
+        assert [(s["group"], s["block"]) for s in samples] == [(i % groups, i // groups) for i in range(len(samples))]
+        for g in range(groups):
+            for r, (src, tgt) in enumerate(row_streams(task, samples[g::groups])):
+                targets.append(tgt)
+                if len(tgt):
+                    assert torch.equal(src[1:], tgt[:-1]), f"rank {shard} group {g} row {r}: inputs are not the targets shifted"
     assert torch.equal(torch.cat(targets), text)
 
 
@@ -138,11 +142,14 @@ def test_carried_state_over_blocks_equals_one_pass(lm_data, gate):
     assert (blocks - whole).abs().max().item() <= 1e-5
 
 
-def test_valid_steps_carry_the_stream(lm_data):
+@pytest.mark.parametrize("groups", [1, 2])
+def test_valid_steps_carry_the_stream(lm_data, groups):
     """Through the task: the valid loss of a split, batch after batch, equals the loss of one pass
     over each row's whole text (no positional embeddings), and differs from blocks without state
-    (a gate that starts near 0.95 remembers across blocks)."""
-    task, model = stateful(lm_data, "--no-token-positional-embeddings", "--rfa-gate", "--rfa-gate-bias", "3")
+    (a gate that starts near 0.95 remembers across blocks); with two groups taking turns, each
+    group carries its own states."""
+    task, model = stateful(lm_data, "--no-token-positional-embeddings", "--rfa-gate", "--rfa-gate-bias", "3",
+                           "--stream-groups", str(groups))
     task.load_dataset("valid")
     criterion = task.build_criterion(build_from_cli(lm_data, ["--task", "rfa_stateful_lm", "--arch",
                                                              "rfa_transformer_lm"])[2])
@@ -153,7 +160,7 @@ def test_valid_steps_carry_the_stream(lm_data):
     with torch.no_grad():
         for m in causal_rfa_modules(model):
             m.carry = None
-        for src, tgt in row_streams(task, samples):
+        for src, tgt in [st for g in range(groups) for st in row_streams(task, samples[g::groups])]:
             logits, _ = model(src[None])
             whole += torch.nn.functional.cross_entropy(logits[0], tgt, reduction="sum", ignore_index=pad).item()
         blocks = sum(criterion(model, s)[0].item() for s in samples)
@@ -173,6 +180,8 @@ def test_batch_size_is_required_and_block_within_positions(lm_data):
         task.get_batch_iterator(task.dataset("valid"), max_tokens=4096)
     with pytest.raises(ValueError, match="exceeds the model's 8 positions"):
         task.get_batch_iterator(task.dataset("valid"), max_sentences=1, max_positions=8)
+    with pytest.raises(ValueError, match="--stream-groups must be at least 1, got 0"):
+        task.get_batch_iterator(task.dataset("valid"), max_sentences=1, groups=0)
 
 
 def _eval_lm(data, ckpt, task, *extra):
