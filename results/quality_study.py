@@ -56,6 +56,9 @@ VARIANTS = {
     "favor": RFA + ["--rfa-kernel", "favor"],
     "elu": RFA + ["--rfa-kernel", "elu"],
     "gate_elu": GATE + ["--rfa-kernel", "elu"],  # the default gate on elu features
+    # RFA-Gate self-attention behind fairseq's softmax cross attention
+    "gate_softcross": GATE + ["--cross-attention", "softmax"],
+    "rfa_softcross": RFA + ["--cross-attention", "softmax"],
     # linear encoders (issue "Linear-time encoder attention"), behind the default RFA-Gate decoder and
     # behind fairseq's softmax decoder; LARA with 8 landmarks (Multi30k sources are 10-40 tokens)
     **{f"{prefix}enc_{kind}": decoder + ["--encoder-attention", kind] + (["--lara-landmarks", "8"] if kind == "lara" else [])

@@ -151,6 +151,9 @@ def rfa_config_from(args) -> RFAConfig:
 
 
 DECODER_ATTENTIONS = ("rfa", "softmax")
+CROSS_ATTENTIONS = ("rfa", "softmax")
+# the --rfa-* flags that shape RFA cross attention only
+RFA_CROSS_FIELDS = ("rfa_cross_feature_dim", "rfa_cross_abs_denominator", "rfa_cross_norm_rescale")
 
 
 @dataclass
@@ -184,6 +187,13 @@ class TranslationAttentionConfig(FairseqDataclass):
                           "the --rfa-* flags) or softmax (fairseq's own decoder; the --rfa-* flags then must keep "
                           "their defaults)"},
     )
+    cross_attention: ChoiceEnum(list(CROSS_ATTENTIONS)) = field(
+        default="rfa",
+        metadata={"help": "the RFA decoder's cross attention: rfa (random features, a source summary of fixed size) "
+                          "or softmax (fairseq's, over the cached encoder output: its cost per step grows with the "
+                          "source length, not with the output, so decoding memory stays independent of the output "
+                          "length); the causal self-attention stays RFA"},
+    )
 
 
 ATTENTION_FIELDS = tuple(f.name for f in fields(TranslationAttentionConfig))
@@ -205,7 +215,8 @@ def attention_config_from(args) -> TranslationAttentionConfig:
     for name in ATTENTION_FIELDS:
         value = getattr(args, name, None)
         values[name] = getattr(_ATTENTION_DEFAULTS, name) if value is None else value
-    for name, choices in (("encoder_attention", ENCODER_ATTENTIONS), ("decoder_attention", DECODER_ATTENTIONS)):
+    for name, choices in (("encoder_attention", ENCODER_ATTENTIONS), ("decoder_attention", DECODER_ATTENTIONS),
+                          ("cross_attention", CROSS_ATTENTIONS)):
         values[name] = str(values[name])
         if values[name] not in choices:
             raise ValueError(f"{flag(name)} must be one of {', '.join(choices)}, got {values[name]!r}")
@@ -226,4 +237,10 @@ def attention_config_from(args) -> TranslationAttentionConfig:
         if changed:
             raise ValueError(f"{', '.join(changed)} shape{'s' if len(changed) == 1 else ''} the RFA decoder; "
                              "with --decoder-attention softmax the decoder is fairseq's own")
+    if values["cross_attention"] == "softmax":
+        changed = [flag(name) for name in RFA_CROSS_FIELDS
+                   if getattr(args, name, None) is not None and getattr(args, name) != getattr(_DEFAULTS, name)]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} shape{'s' if len(changed) == 1 else ''} RFA cross attention; "
+                             "with --cross-attention softmax the cross attention is fairseq's own")
     return TranslationAttentionConfig(**values)

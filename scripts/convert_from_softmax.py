@@ -14,7 +14,8 @@ embeddings, the attention projections (q, k, v, out), FFNs, norms, output projec
 parameters are initialised as in a new model, seeded by ``--seed``: sigma (``--rfa-init-sigma``),
 the random matrices, the gate (``--rfa-gate``, ``--rfa-gate-bias``). fairseq-generate,
 fairseq-eval-lm and fairseq-train --finetune-from-model read the output directly (with
-``--user-dir rfa_fairseq``). The optimizer state is dropped: it belonged to other parameters.
+``--user-dir rfa_fairseq``). ``--cross-attention softmax`` keeps a translation model's cross
+attention as it was trained (fairseq's), so that only the decoder's self-attention changes. The optimizer state is dropped: it belonged to other parameters.
 
 The input is read with torch.load(weights_only=True) (the classes fairseq checkpoints pickle are
 allow-listed by the plugin), including legacy checkpoints whose arguments are an argparse
@@ -41,7 +42,8 @@ from fairseq.models.transformer import TransformerModel  # noqa: E402
 from fairseq.models.transformer_lm import TransformerLanguageModel  # noqa: E402
 from omegaconf import OmegaConf, open_dict  # noqa: E402
 
-from rfa_fairseq.config import RFA_FIELDS, RFAConfig, flag, rfa_config_from  # noqa: E402
+from rfa_fairseq.config import (CROSS_ATTENTIONS, RFA_FIELDS, RFAConfig, attention_config_from, flag,  # noqa: E402
+                                rfa_config_from)
 
 # source model class -> the base RFA architecture for source archs with no rfa_ twin
 BASE_RFA_ARCH = {TransformerModel: "rfa_transformer", TransformerLanguageModel: "rfa_transformer_lm"}
@@ -120,8 +122,9 @@ def stand_in_task(weights, language_model: bool):
     return SimpleNamespace(source_dictionary=src, target_dictionary=tgt)
 
 
-def convert(state: dict, rfa_flags: dict, seed: int = 1):
-    """Convert a loaded softmax checkpoint; returns ``(rfa checkpoint, rfa arch, RFA-only names)``."""
+def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str = "rfa"):
+    """Convert a loaded softmax checkpoint; returns ``(rfa checkpoint, rfa arch, RFA-only names)``.
+    ``cross_attention="softmax"`` keeps a translation model's trained cross attention as it is."""
     cfg, weights = state["cfg"], state["model"]
     source_cfg = cfg.model
     target = rfa_arch_for(source_cfg, weights)
@@ -143,6 +146,12 @@ def convert(state: dict, rfa_flags: dict, seed: int = 1):
     rfa = rfa_config_from(rfa_cfg)  # validated, defaults filled
     for name in RFA_FIELDS:
         _set(rfa_cfg, name, getattr(rfa, name))
+    if language_model:
+        if cross_attention != "rfa":
+            raise ConversionError("--cross-attention applies to translation models; a language model has none")
+    else:
+        _set(rfa_cfg, "cross_attention", cross_attention)
+        attention_config_from(rfa_cfg)  # validated against the --rfa-cross-* flags
     torch.manual_seed(seed)  # the RFA parameters' initialisation and random-matrix draws
     model = models.build_model(rfa_cfg, task, from_checkpoint=True)
 
@@ -185,11 +194,15 @@ def main(argv=None):
     parser.add_argument("--input", required=True, help="fairseq transformer* or transformer_lm* checkpoint")
     parser.add_argument("--output", required=True, help="where to write the RFA checkpoint")
     parser.add_argument("--seed", type=int, default=1, help="seed of the RFA parameters' initialisation and draws")
+    parser.add_argument("--cross-attention", choices=CROSS_ATTENTIONS, default="rfa",
+                        help="translation: the converted decoder's cross attention, rfa, or softmax (the source's "
+                             "trained cross attention kept as it is; only the self-attention becomes RFA)")
     gen_parser_from_dataclass(parser, RFAConfig())
     args = parser.parse_args(argv)
     try:
         state = load_checkpoint(args.input)
-        checkpoint, arch, rfa_only = convert(state, {n: getattr(args, n) for n in RFA_FIELDS}, args.seed)
+        checkpoint, arch, rfa_only = convert(state, {n: getattr(args, n) for n in RFA_FIELDS}, args.seed,
+                                             args.cross_attention)
     except ValueError as e:  # a ConversionError, or a bad --rfa-* value named by rfa_config_from
         sys.exit(f"convert_from_softmax: {args.input}: {e}")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +213,8 @@ def main(argv=None):
     defaults = RFAConfig()
     flags = [f"--arch {arch}"] + [flag(n) if v is True else f"{flag(n)} {v}" for n in RFA_FIELDS
                                   if (v := getattr(args, n)) != getattr(defaults, n)]
+    if args.cross_attention != "rfa":
+        flags.append(f"--cross-attention {args.cross_attention}")
     print("finetune with: fairseq-train DATA --user-dir rfa_fairseq --finetune-from-model "
           f"{args.output} {' '.join(flags)} (and the source's model dimensions)")
 

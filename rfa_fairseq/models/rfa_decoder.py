@@ -18,12 +18,13 @@ RFA_CHECKPOINT_VERSION = 1
 
 
 class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
-    """A fairseq decoder layer whose self-attention (and cross attention) is RFA."""
+    """A fairseq decoder layer whose self-attention is RFA, and its cross attention RFA or, with
+    ``cross_attention="softmax"``, fairseq's own."""
 
     def __init__(self, cfg, rfa: RFAConfig, layer_idx: int, no_encoder_attn: bool = False,
-                 add_bias_kv: bool = False, add_zero_attn: bool = False):
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, cross_attention: str = "rfa"):
         # The attention builders run inside the parent constructor and need these.
-        self.rfa, self.layer_idx = rfa, layer_idx
+        self.rfa, self.layer_idx, self.cross_attention = rfa, layer_idx, cross_attention
         super().__init__(cfg, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
         # Implicit RFA attention weights cost O(source length) per step: compute them only for
         # the layer fairseq asks to align with (need_attn), not for every layer at inference.
@@ -58,6 +59,8 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
         )
 
     def build_encoder_attention(self, embed_dim, cfg):
+        if self.cross_attention == "softmax":
+            return super().build_encoder_attention(embed_dim, cfg)
         return CrossRFAttention(
             embed_dim,
             cfg.decoder.attention_heads,
@@ -73,19 +76,21 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
 class RFATransformerDecoder(TransformerDecoderBase):
     """fairseq's transformer decoder with :class:`RFATransformerDecoderLayer` layers.
 
-    Args: as ``TransformerDecoderBase`` (a ``TransformerConfig``), plus the :class:`RFAConfig`.
+    Args: as ``TransformerDecoderBase`` (a ``TransformerConfig``), plus the :class:`RFAConfig` and
+    the cross attention's kind (``"rfa"`` or ``"softmax"``).
     """
 
     def __init__(self, cfg, dictionary, embed_tokens, rfa: RFAConfig, no_encoder_attn=False,
-                 output_projection=None):
-        self.rfa = rfa
+                 output_projection=None, cross_attention: str = "rfa"):
+        self.rfa, self.cross_attention = rfa, cross_attention
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = RFATransformerDecoderLayer(cfg, self.rfa, self._layers_built, no_encoder_attn)
+        layer = RFATransformerDecoderLayer(cfg, self.rfa, self._layers_built, no_encoder_attn,
+                                           cross_attention=self.cross_attention)
         self._layers_built += 1
         # Same wrapping as fairseq's own decoder layers.
         checkpoint = cfg.checkpoint_activations

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 
 from ..config import (RFAConfig, TranslationAttentionConfig, attention_config_from, drop_removed_fields,
                       fill_attention_defaults, fill_rfa_defaults, rfa_config_from)
+from ..modules import CrossRFAttention
 from .rfa_decoder import RFATransformerDecoder
 from .rfa_encoder import RFATransformerEncoder
 
@@ -60,9 +61,13 @@ class RFATransformerModel(TransformerModel):
         return super().build_model(args, task)
 
     def set_beam_size(self, beam_size):
-        """Called by fairseq's SequenceGenerator: cross attention then keeps one source state
-        per sentence and shares it across that sentence's beams."""
-        self.decoder.set_beam_size(beam_size)
+        """Called by fairseq's SequenceGenerator: RFA cross attention then keeps one source state
+        per sentence and shares it across that sentence's beams. fairseq's own attention modules
+        are left at beam size 1, as in fairseq's transformer (its MultiheadAttention's beam path
+        cannot be called afterwards on batches of other shapes)."""
+        for module in self.decoder.modules():
+            if isinstance(module, CrossRFAttention):
+                module.set_beam_size(beam_size)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
@@ -74,11 +79,13 @@ class RFATransformerModel(TransformerModel):
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
-        if attention_config_from(cfg).decoder_attention == "softmax":
+        attention = attention_config_from(cfg)
+        if attention.decoder_attention == "softmax":
             return super().build_decoder(cfg, tgt_dict, embed_tokens)
         # fairseq's TransformerConfig.from_namespace keeps unknown (rfa_*) attributes.
         return RFATransformerDecoder(
-            cfg, tgt_dict, embed_tokens, rfa=rfa_config_from(cfg), no_encoder_attn=cfg.no_cross_attention
+            cfg, tgt_dict, embed_tokens, rfa=rfa_config_from(cfg), no_encoder_attn=cfg.no_cross_attention,
+            cross_attention=attention.cross_attention,
         )
 
 

@@ -193,10 +193,14 @@ class StatefulLanguageModelingTask(FairseqTask):
             raise ValueError(f"--stream-groups must be at least 1, got {groups}")
         batches = StreamBatches(dataset, stream_layout(len(dataset), max_sentences * groups, num_shards, shard_id),
                                 groups)
+        # A batch whose streams have all run out (a group's last columns) is skipped; every rank
+        # skips the same ones, so all ranks keep the same number of batches.
+        everywhere = stream_layout(len(dataset), max_sentences * groups * num_shards)
+        real = (everywhere.view(num_shards, groups, max_sentences, -1) >= 0).any(2).any(0)  # [groups, L]
         return iterators.EpochBatchIterator(
             dataset=batches,
             collate_fn=lambda items: self.collate(items, dataset.name),
-            batch_sampler=[[i] for i in range(len(batches))],
+            batch_sampler=[[i] for i in range(len(batches)) if real[i % groups, i // groups]],
             epoch=epoch,
             num_workers=num_workers,
             buffer_size=data_buffer_size,

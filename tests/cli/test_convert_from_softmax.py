@@ -83,6 +83,23 @@ def test_converted_translation_decodes_with_beam_search_and_finetunes(softmax, t
         "finetuning starts from the converted weights"
 
 
+def test_softmax_cross_attention_is_kept_as_trained(softmax, tmp_path):
+    """--cross-attention softmax: the decoder's cross attention stays fairseq's, its weights the
+    source's; only self-attention gains RFA parameters; beam search decodes the result. A language
+    model has no cross attention to keep."""
+    rfa = tmp_path / "rfa.pt"
+    out = convert(softmax["mt"], rfa, "--rfa-gate", "--cross-attention", "softmax")
+    source = torch.load(softmax["mt"], weights_only=True)
+    assert_shared_weights_copied(source["model"], out)
+    assert not any(".encoder_attn.feature_map" in n for n in out["model"])
+    assert vars(out["cfg"]["model"])["cross_attention"] == "softmax"  # fairseq-train saved a Namespace
+    gen = run_cli("fairseq-generate", softmax["dir"] / "mt", "--user-dir", USER_DIR, "--path", rfa, "--beam", "4",
+                  "--batch-size", "4", "--required-batch-size-multiple", "1", "--max-len-b", "20", "--cpu")
+    assert len(re.findall(r"^H-\d+", gen, re.M)) == 12
+    with pytest.raises(SystemExit, match="--cross-attention applies to translation models"):
+        convert(softmax["lm"], tmp_path / "lm.pt", "--cross-attention", "softmax")
+
+
 def test_converted_language_model_evaluates_with_and_without_state(softmax, tmp_path):
     rfa = tmp_path / "rfa.pt"
     convert(softmax["lm"], rfa, "--rfa-gate")

@@ -31,9 +31,10 @@ def _rescore(model, task, sample, hypo_tokens, row):
     return lprobs[0].gather(-1, tokens[0].unsqueeze(-1)).squeeze(-1)
 
 
-@pytest.mark.parametrize("extra", [pytest.param([], id="rfa"), pytest.param(["--rfa-gate"], id="rfa-gate")])
+@pytest.mark.parametrize("extra", [pytest.param([], id="rfa"), pytest.param(["--rfa-gate"], id="rfa-gate"),
+                                   pytest.param(["--rfa-gate", "--cross-attention", "softmax"], id="gate-softmax-cross")])
 def test_beam_hypotheses_rescored_by_full_forward(translation_model, extra):
-    task, model = translation_model(*extra)
+    task, model = translation_model(*extra, rfa_flags="--cross-attention" not in extra)
     model.eval()
     sample = _sample(task)
     # Without training every hypothesis would run to max_len; vary lengths by boosting EOS

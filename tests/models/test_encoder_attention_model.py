@@ -111,11 +111,27 @@ def test_padding_does_not_change_encoder_output(translation_model):
     (["--encoder-attention", "lara", "--encoder-feature-dim", "32"], "--encoder-feature-dim .*--lara-landmarks"),
     (["--encoder-attention", "favor", "--lara-landmarks", "8"], "--lara-landmarks needs --encoder-attention lara"),
     (["--decoder-attention", "softmax", "--rfa-gate"], "--rfa-gate shapes the RFA decoder"),
+    (["--cross-attention", "softmax", "--rfa-cross-feature-dim", "32", "--rfa-cross-norm-rescale"],
+     "--rfa-cross-feature-dim, --rfa-cross-norm-rescale shape RFA cross attention"),
     (["--encoder-attention", "rfa", "--encoder-attention-heads", "5"], "--encoder-embed-dim .* divisible"),
 ])
 def test_bad_flags_are_refused_by_name(translation_model, extra, match):
     with pytest.raises(ValueError, match=match):
         translation_model(*extra, rfa_flags=False)
+
+
+def test_softmax_cross_attention_builds_fairseqs_module(translation_model):
+    """--cross-attention softmax: fairseq's MultiheadAttention as cross attention behind RFA
+    self-attention, trained through (finite gradients reach the encoder)."""
+    task, model = translation_model("--cross-attention", "softmax", "--rfa-gate", rfa_flags=False)
+    assert isinstance(model.decoder, RFATransformerDecoder)
+    for layer in model.decoder.layers:
+        assert type(layer.encoder_attn) is MultiheadAttention and not isinstance(layer.self_attn, MultiheadAttention)
+    model.train()
+    logits, _ = model(*batch(task))
+    logits.float().logsumexp(-1).mean().backward()
+    grads = [p.grad for name, p in model.named_parameters() if name.startswith("encoder.layers")]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads) and any(g.abs().max() > 0 for g in grads)
 
 
 def test_unknown_choice_is_refused_by_argparse(translation_model):

@@ -26,9 +26,13 @@ def _incremental_logits(decoder, prev, encoder_out=None):
     return torch.stack(steps, dim=1)
 
 
-@pytest.mark.parametrize("extra", VARIANTS)
+# fairseq's softmax cross attention behind the RFA self-attention (no --rfa-cross-* sizes)
+SOFTMAX_CROSS = ["--cross-attention", "softmax", "--rfa-causal-feature-dim", "64", "--rfa-chunk-size", "8"]
+
+
+@pytest.mark.parametrize("extra", VARIANTS + [pytest.param(SOFTMAX_CROSS + ["--rfa-gate"], id="gate-softmax-cross")])
 def test_translation_incremental_matches_full(translation_model, extra):
-    task, model = translation_model(*extra)
+    task, model = translation_model(*extra, rfa_flags="--cross-attention" not in extra)
     model.eval()
     g = torch.Generator().manual_seed(1)
     src = random_tokens(task.source_dictionary, 3, 11, g)
