@@ -12,14 +12,25 @@ embeddings):
   softmax           transformer_iwslt_de_en trained for N updates
   converted         scripts/convert_from_softmax.py --rfa-gate of it, before any finetuning
   finetuned-f       the converted model finetuned (fairseq-train --finetune-from-model) f*N updates
+  converted_softcross, finetuned_softcross-f
+                    the same with --cross-attention softmax: the trained cross attention is kept,
+                    only the decoder's self-attention becomes RFA-Gate
   scratch-f         rfa_transformer_iwslt_de_en --rfa-gate trained from scratch for N + f*N updates
 Every step keeps its checkpoint under --work and a scored row is skipped when run again.
+
+--from-quality-study DIR starts the softmax and scratch rows from the checkpoints of
+results/quality_study.py's final runs of the same seed (DIR/final/softmax-seedS and
+gate_bias2-seedS): the same model, data, optimiser, schedule and seed, so the softmax model is
+that run's, and a scratch row resumes it from update N to N + f*N (inverse_sqrt depends on the
+update number only, and fairseq resumes the data order and the random draws exactly). The train
+time of such a row is then that of its last f*N updates only.
 """
 import argparse
 import gzip
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 BIN = Path(PY).parent
 RFA_GATE = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en", "--rfa-gate"]
+# fairseq's own model; the plugin allow-lists the classes fairseq pickles into checkpoints, which
+# fairseq-train needs to resume a run (it loads them with weights_only)
+SOFTMAX = ["--user-dir", "rfa_fairseq", "--arch", "transformer_iwslt_de_en"]
 
 
 def run(cmd, log):
@@ -93,11 +107,23 @@ def rows(a):
     """(row name, updates in all) in dependency order."""
     n = a.updates
     yield "softmax", n
-    yield "converted", n
-    for f in a.fractions:
-        yield f"finetuned-{f:g}", n + round(f * n)
+    for converted in ("converted", "converted_softcross"):
+        yield converted, n
+        for f in a.fractions:
+            yield f"{converted.replace('converted', 'finetuned')}-{f:g}", n + round(f * n)
     for f in a.fractions:
         yield f"scratch-{f:g}", n + round(f * n)
+
+
+def start_from(a, seed: int, run_name: str, out: Path):
+    """Seed ``out`` with the quality study's checkpoint of ``run_name`` (see the module docstring)."""
+    if a.from_quality_study is None or (out / "checkpoint_last.pt").exists():
+        return
+    src = a.from_quality_study / "final" / f"{run_name}-seed{seed}" / "checkpoint_last.pt"
+    if not src.exists():
+        raise FileNotFoundError(f"--from-quality-study: {src} does not exist (run results/quality_study.py "
+                                f"--setting final --variants {run_name} --seeds {seed} first)")
+    shutil.copy(src, out / "checkpoint_last.pt")
 
 
 def make(row: str, a, seed: int, data: Path) -> tuple:
@@ -105,22 +131,26 @@ def make(row: str, a, seed: int, data: Path) -> tuple:
     training seconds, the row's folder)."""
     work = a.work / f"u{a.updates}-seed{seed}"
     softmax = work / "softmax"
-    converted = work / "converted.pt"
     out = work / row
     out.mkdir(parents=True, exist_ok=True)
     if row == "softmax":
-        seconds = train(a, data, out, ["--arch", "transformer_iwslt_de_en"], a.updates, seed)
+        start_from(a, seed, "softmax", out)
+        seconds = train(a, data, out, SOFTMAX, a.updates, seed)
         return out / "checkpoint_last.pt", seconds, out
+    kind, _, f = row.partition("-")
+    softcross = kind.endswith("_softcross")
+    cross = ["--cross-attention", "softmax"] if softcross else []
+    converted = work / ("converted_softcross.pt" if softcross else "converted.pt")
     if not converted.exists():
         run([PY, "scripts/convert_from_softmax.py", "--input", softmax / "checkpoint_last.pt", "--output", converted,
-             "--seed", seed, "--rfa-gate"], work / "convert.log")
-    if row == "converted":
+             "--seed", seed, "--rfa-gate", *cross], work / f"{converted.stem}.log")
+    if not f:
         return converted, None, out
-    kind, f = row.split("-")
     extra = round(float(f) * a.updates)
-    if kind == "finetuned":
-        seconds = train(a, data, out, RFA_GATE, extra, seed, ["--finetune-from-model", converted])
+    if kind.startswith("finetuned"):
+        seconds = train(a, data, out, RFA_GATE + cross, extra, seed, ["--finetune-from-model", converted])
     else:
+        start_from(a, seed, "gate_bias2", out)
         seconds = train(a, data, out, RFA_GATE, a.updates + extra, seed)
     return out / "checkpoint_last.pt", seconds, out
 
@@ -148,6 +178,9 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny data without a subword model (tests)")
     p.add_argument("--out", type=Path, default=ROOT / "results/convert_study.jsonl")
     p.add_argument("--work", type=Path, default=ROOT / "work/convert_study")
+    p.add_argument("--from-quality-study", type=Path, default=None, metavar="DIR",
+                   help="start the softmax and scratch rows from results/quality_study.py's final runs in DIR "
+                        "(its --work): see above")
     p.add_argument("--report", action="store_true", help="print the recorded results and stop")
     a = p.parse_args(argv)
     if a.report:
@@ -163,6 +196,7 @@ def main(argv=None):
             print(f"[convert] {row} seed {seed}: running", flush=True)
             ckpt, seconds, out = make(row, a, seed, data)
             record = {"row": row, "updates": a.updates, "total_updates": total, "seed": seed, "train_s": seconds,
+                      "from_quality_study": a.from_quality_study is not None and row.startswith(("softmax", "scratch")),
                       "test_bleu": bleu(a, data, ckpt, out),
                       "model": f"{a.layers}+{a.layers} x {a.dim}, {a.heads} heads",
                       "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -41,7 +41,9 @@ RFA = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en"]
 GATE = RFA + ["--rfa-gate"]
 PAPER_GATE = GATE + ["--rfa-gate-bias", "0"]  # the paper's gate (bias 0 was the default until the study)
 VARIANTS = {
-    "softmax": ["--arch", "transformer_iwslt_de_en"],
+    # fairseq's own model; --user-dir: the plugin allow-lists the classes fairseq pickles into
+    # checkpoints, which fairseq-train needs to resume an interrupted run (weights_only loading)
+    "softmax": ["--user-dir", "rfa_fairseq", "--arch", "transformer_iwslt_de_en"],
     "rfa": RFA,
     "rfa_gate": PAPER_GATE,
     # each idea of the quality issue alone

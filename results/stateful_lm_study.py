@@ -34,7 +34,8 @@ PY = sys.executable
 BIN = Path(PY).parent
 RFA = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_lm"]
 VARIANTS = {
-    "softmax": ("language_modeling", ["--arch", "transformer_lm"]),
+    # --user-dir: fairseq-train resumes a run only with the classes the plugin allow-lists
+    "softmax": ("language_modeling", ["--user-dir", "rfa_fairseq", "--arch", "transformer_lm"]),
     "rfa_gate": ("language_modeling", RFA + ["--rfa-gate"]),
     "rfa": ("language_modeling", RFA),
     "rfa_gate_stateful": ("rfa_stateful_lm", RFA + ["--rfa-gate"]),

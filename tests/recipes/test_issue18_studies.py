@@ -3,6 +3,7 @@ row is recorded once, a second run skips what is recorded, and --report prints t
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -46,7 +47,32 @@ def test_convert_study_smoke(tmp_path):
     study("convert_study.py", *args)
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["row"], r["total_updates"]) for r in records] == [
-        ("softmax", 5), ("converted", 5), ("finetuned-0.4", 7), ("scratch-0.4", 7)]
+        ("softmax", 5), ("converted", 5), ("finetuned-0.4", 7), ("converted_softcross", 5),
+        ("finetuned_softcross-0.4", 7), ("scratch-0.4", 7)]
     assert all(r["test_bleu"] >= 0 for r in records)
     assert "recorded, skipped" in study("convert_study.py", *args)
     assert "| finetuned-0.4 | 7 | 1 |" in study("convert_study.py", "--report", "--out", out)
+
+
+def test_convert_study_starts_from_the_quality_study(tmp_path):
+    """--from-quality-study: the softmax row is the quality study's model (not trained again) and
+    a scratch row resumes the quality study's RFA-Gate run; a missing run is named."""
+    args = ["--smoke", "--updates", 4, "--fractions", 0.5, "--layers", 1, "--dim", 32]
+    study("convert_study.py", *args, "--work", tmp_path / "a", "--out", tmp_path / "a.jsonl")
+    quality = tmp_path / "quality" / "final"
+    for run_name, row in (("softmax", "softmax"), ("gate_bias2", "scratch-0.5")):
+        (quality / f"{run_name}-seed1").mkdir(parents=True)
+        shutil.copy(tmp_path / "a" / "u4-seed1" / row / "checkpoint_last.pt", quality / f"{run_name}-seed1")
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "results", "convert_study.py"), *map(str, args),
+                           "--work", tmp_path / "b", "--out", tmp_path / "b.jsonl", "--from-quality-study",
+                           tmp_path / "missing"], env=ENV, capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode != 0 and "missing/final/softmax-seed1/checkpoint_last.pt does not exist" in proc.stderr
+    study("convert_study.py", *args, "--work", tmp_path / "b", "--out", tmp_path / "b.jsonl", "--from-quality-study",
+          tmp_path / "quality")
+    records = {r["row"]: r for r in map(json.loads, (tmp_path / "b.jsonl").read_text().splitlines())}
+    first = {r["row"]: r for r in map(json.loads, (tmp_path / "a.jsonl").read_text().splitlines())}
+    assert records["softmax"]["from_quality_study"] and not records["finetuned-0.5"]["from_quality_study"]
+    # the stand-in "quality study" runs are the first queue's finished rows: nothing is left to train
+    for row in ("softmax", "scratch-0.5"):
+        assert records[row]["test_bleu"] == first[row]["test_bleu"], row
+    assert "Loaded checkpoint" in (tmp_path / "b" / "u4-seed1" / "scratch-0.5" / "train.log").read_text()
