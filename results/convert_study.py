@@ -115,15 +115,19 @@ def rows(a):
         yield f"scratch-{f:g}", n + round(f * n)
 
 
-def start_from(a, seed: int, run_name: str, out: Path):
-    """Seed ``out`` with the quality study's checkpoint of ``run_name`` (see the module docstring)."""
+def start_from(a, seed: int, run_name: str, out: Path) -> bool:
+    """Seed ``out`` with the quality study's checkpoint of ``run_name`` (see the module docstring);
+    True if ``out`` holds such a copy."""
+    marker = out / "from_quality_study.txt"
     if a.from_quality_study is None or (out / "checkpoint_last.pt").exists():
-        return
+        return marker.exists()
     src = a.from_quality_study / "final" / f"{run_name}-seed{seed}" / "checkpoint_last.pt"
     if not src.exists():
         raise FileNotFoundError(f"--from-quality-study: {src} does not exist (run results/quality_study.py "
                                 f"--setting final --variants {run_name} --seeds {seed} first)")
     shutil.copy(src, out / "checkpoint_last.pt")
+    marker.write_text(f"{src}\n")
+    return True
 
 
 def make(row: str, a, seed: int, data: Path) -> tuple:
@@ -134,8 +138,9 @@ def make(row: str, a, seed: int, data: Path) -> tuple:
     out = work / row
     out.mkdir(parents=True, exist_ok=True)
     if row == "softmax":
-        start_from(a, seed, "softmax", out)
-        seconds = train(a, data, out, SOFTMAX, a.updates, seed)
+        # a copy is trained already: fairseq-train would resume it for one more update before it
+        # checks --max-update
+        seconds = None if start_from(a, seed, "softmax", out) else train(a, data, out, SOFTMAX, a.updates, seed)
         return out / "checkpoint_last.pt", seconds, out
     kind, _, f = row.partition("-")
     softcross = kind.endswith("_softcross")
