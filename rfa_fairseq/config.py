@@ -232,15 +232,17 @@ def attention_config_from(args) -> TranslationAttentionConfig:
     if encoder != "lara" and values["lara_landmarks"] != _ATTENTION_DEFAULTS.lara_landmarks:
         raise ValueError(f"--lara-landmarks needs --encoder-attention lara (got --encoder-attention {encoder})")
     if values["decoder_attention"] == "softmax":
-        changed = [flag(name) for name in RFA_FIELDS
-                   if getattr(args, name, None) is not None and getattr(args, name) != getattr(_DEFAULTS, name)]
-        if changed:
-            raise ValueError(f"{', '.join(changed)} shape{'s' if len(changed) == 1 else ''} the RFA decoder; "
-                             "with --decoder-attention softmax the decoder is fairseq's own")
+        _refuse_changed(args, RFA_FIELDS, "the RFA decoder", "with --decoder-attention softmax the decoder is fairseq's own")
     if values["cross_attention"] == "softmax":
-        changed = [flag(name) for name in RFA_CROSS_FIELDS
-                   if getattr(args, name, None) is not None and getattr(args, name) != getattr(_DEFAULTS, name)]
-        if changed:
-            raise ValueError(f"{', '.join(changed)} shape{'s' if len(changed) == 1 else ''} RFA cross attention; "
-                             "with --cross-attention softmax the cross attention is fairseq's own")
+        _refuse_changed(args, RFA_CROSS_FIELDS, "RFA cross attention",
+                        "with --cross-attention softmax the cross attention is fairseq's own")
     return TranslationAttentionConfig(**values)
+
+
+def _refuse_changed(args, names, shaped: str, why: str):
+    """ValueError naming every ``--rfa-*`` flag of ``names`` set away from its default: it would
+    shape a part (``shaped``) that the chosen attention does not have."""
+    changed = [flag(name) for name in names
+               if getattr(args, name, None) is not None and getattr(args, name) != getattr(_DEFAULTS, name)]
+    if changed:
+        raise ValueError(f"{', '.join(changed)} shape{'s' if len(changed) == 1 else ''} {shaped}; {why}")
