@@ -48,8 +48,9 @@ TINY_ENCODER = ["--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "-
 MODELS = {
     "translation": {
         "softmax": ["--arch", "transformer_wmt_en_de"],
-        "rfa": ["--arch", "rfa_transformer_wmt_en_de"],
-        "rfa_gate": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate"],
+        # the paper's model: RFA cross attention too, whose cost per step does not grow with the source
+        "rfa": ["--arch", "rfa_transformer_wmt_en_de", "--cross-attention", "rfa"],
+        "rfa_gate": ["--arch", "rfa_transformer_wmt_en_de", "--cross-attention", "rfa", "--rfa-gate"],
     },
     "lm": {
         "softmax": ["--arch", "transformer_lm"] + BASE_DIMS,

@@ -182,7 +182,7 @@ def build_translation(encoder: str, args, workdir: str, dictionary_words: List[s
     for lang in ("de", "en"):
         with open(os.path.join(workdir, f"dict.{lang}.txt"), "w", encoding="utf-8") as f:
             f.writelines(f"{w} 1\n" for w in dictionary_words)
-    flags = ["--encoder-attention", encoder]
+    flags = ["--encoder-attention", encoder, "--cross-attention", "rfa"]  # the decoder linear too
     if encoder in ("rfa", "favor"):
         flags += ["--encoder-feature-dim", str(args.feature_dim)]
     if encoder == "lara":

@@ -29,8 +29,10 @@ from bench.common import USER_DIR, machine_info  # noqa: E402
 
 VARIANTS = {
     "softmax": ["--arch", "transformer_iwslt_de_en"],
-    "rfa": ["--arch", "rfa_transformer_iwslt_de_en"],
-    "rfa_gate": ["--arch", "rfa_transformer_iwslt_de_en", "--rfa-gate"],
+    "rfa": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa"],
+    "rfa_gate": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa", "--rfa-gate"],
+    # the plugin's default translation model: RFA-Gate self-attention, fairseq's cross attention
+    "rfa_gate_softcross": ["--arch", "rfa_transformer_iwslt_de_en", "--rfa-gate"],
 }
 
 

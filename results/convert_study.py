@@ -10,17 +10,20 @@ Rows, each scored by sacreBLEU on the detokenised test set (beam 4), same model 
 results/quality_study.py's "final" setting (3+3 layers, 256 dims, FFN 1024, 4 heads, shared
 embeddings):
   softmax           transformer_iwslt_de_en trained for N updates
-  converted         scripts/convert_from_softmax.py --rfa-gate of it, before any finetuning
+  converted         scripts/convert_from_softmax.py --rfa-gate --cross-attention rfa of it, before
+                    any finetuning (the paper's model: RFA-Gate self- and cross attention)
   finetuned-f       the converted model finetuned (fairseq-train --finetune-from-model) f*N updates
   converted_softcross, finetuned_softcross-f
                     the same with --cross-attention softmax: the trained cross attention is kept,
                     only the decoder's self-attention becomes RFA-Gate
-  scratch-f         rfa_transformer_iwslt_de_en --rfa-gate trained from scratch for N + f*N updates
+  scratch-f, scratch_softcross-f
+                    rfa_transformer_iwslt_de_en --rfa-gate (with --cross-attention rfa, softmax)
+                    trained from scratch for N + f*N updates
 Every step keeps its checkpoint under --work and a scored row is skipped when run again.
 
 --from-quality-study DIR starts the softmax and scratch rows from the checkpoints of
-results/quality_study.py's final runs of the same seed (DIR/final/softmax-seedS and
-gate_bias2-seedS): the same model, data, optimiser, schedule and seed, so the softmax model is
+results/quality_study.py's final runs of the same seed (DIR/final/softmax-seedS, gate_bias2-seedS,
+gate_softcross-seedS): the same model, data, optimiser, schedule and seed, so the softmax model is
 that run's, and a scratch row resumes it from update N to N + f*N (inverse_sqrt depends on the
 update number only, and fairseq resumes the data order and the random draws exactly). The train
 time of such a row is then that of its last f*N updates only.
@@ -36,6 +39,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # rfa_fairseq, to read checkpoints (saved_updates)
 PY = sys.executable
 BIN = Path(PY).parent
 RFA_GATE = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en", "--rfa-gate"]
@@ -111,8 +116,16 @@ def rows(a):
         yield converted, n
         for f in a.fractions:
             yield f"{converted.replace('converted', 'finetuned')}-{f:g}", n + round(f * n)
-    for f in a.fractions:
-        yield f"scratch-{f:g}", n + round(f * n)
+    for scratch in ("scratch", "scratch_softcross"):
+        for f in a.fractions:
+            yield f"{scratch}-{f:g}", n + round(f * n)
+
+
+def saved_updates(checkpoint: Path) -> int:
+    import torch
+
+    import rfa_fairseq  # noqa: F401  (allow-lists what fairseq checkpoints pickle, for weights_only)
+    return torch.load(checkpoint, map_location="cpu", weights_only=True)["optimizer_history"][-1]["num_updates"]
 
 
 def start_from(a, seed: int, run_name: str, out: Path) -> bool:
@@ -122,9 +135,12 @@ def start_from(a, seed: int, run_name: str, out: Path) -> bool:
     if a.from_quality_study is None or (out / "checkpoint_last.pt").exists():
         return marker.exists()
     src = a.from_quality_study / "final" / f"{run_name}-seed{seed}" / "checkpoint_last.pt"
+    first = f"(run results/quality_study.py --setting final --variants {run_name} --seeds {seed} first)"
     if not src.exists():
-        raise FileNotFoundError(f"--from-quality-study: {src} does not exist (run results/quality_study.py "
-                                f"--setting final --variants {run_name} --seeds {seed} first)")
+        raise FileNotFoundError(f"--from-quality-study: {src} does not exist {first}")
+    done = saved_updates(src)
+    if done < a.updates:  # still training: a copy would repeat the rest of that run here
+        raise RuntimeError(f"--from-quality-study: {src} is at update {done} of {a.updates} {first}")
     shutil.copy(src, out / "checkpoint_last.pt")
     marker.write_text(f"{src}\n")
     return True
@@ -144,7 +160,7 @@ def make(row: str, a, seed: int, data: Path) -> tuple:
         return out / "checkpoint_last.pt", seconds, out
     kind, _, f = row.partition("-")
     softcross = kind.endswith("_softcross")
-    cross = ["--cross-attention", "softmax"] if softcross else []
+    cross = ["--cross-attention", "softmax" if softcross else "rfa"]
     converted = work / ("converted_softcross.pt" if softcross else "converted.pt")
     if not converted.exists():
         run([PY, "scripts/convert_from_softmax.py", "--input", softmax / "checkpoint_last.pt", "--output", converted,
@@ -155,8 +171,8 @@ def make(row: str, a, seed: int, data: Path) -> tuple:
     if kind.startswith("finetuned"):
         seconds = train(a, data, out, RFA_GATE + cross, extra, seed, ["--finetune-from-model", converted])
     else:
-        start_from(a, seed, "gate_bias2", out)
-        seconds = train(a, data, out, RFA_GATE, a.updates + extra, seed)
+        start_from(a, seed, "gate_softcross" if softcross else "gate_bias2", out)
+        seconds = train(a, data, out, RFA_GATE + cross, a.updates + extra, seed)
     return out / "checkpoint_last.pt", seconds, out
 
 

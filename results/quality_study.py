@@ -37,7 +37,8 @@ SETTINGS = {
     # the final comparison: softmax well trained at this size
     "final": dict(layers=3, dim=256, ffn=1024, heads=4, updates=2000, warmup=400, lr="2e-3"),
 }
-RFA = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en"]
+PLUGIN = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en"]
+RFA = PLUGIN + ["--cross-attention", "rfa"]  # the paper's model: RFA cross attention too
 GATE = RFA + ["--rfa-gate"]
 PAPER_GATE = GATE + ["--rfa-gate-bias", "0"]  # the paper's gate (bias 0 was the default until the study)
 VARIANTS = {
@@ -59,12 +60,12 @@ VARIANTS = {
     "elu": RFA + ["--rfa-kernel", "elu"],
     "gate_elu": GATE + ["--rfa-kernel", "elu"],  # the default gate on elu features
     # RFA-Gate self-attention behind fairseq's softmax cross attention
-    "gate_softcross": GATE + ["--cross-attention", "softmax"],
-    "rfa_softcross": RFA + ["--cross-attention", "softmax"],
-    # linear encoders (issue "Linear-time encoder attention"), behind the default RFA-Gate decoder and
-    # behind fairseq's softmax decoder; LARA with 8 landmarks (Multi30k sources are 10-40 tokens)
+    "gate_softcross": PLUGIN + ["--rfa-gate", "--cross-attention", "softmax"],
+    "rfa_softcross": PLUGIN + ["--cross-attention", "softmax"],
+    # linear encoders (issue "Linear-time encoder attention"), behind the default RFA-Gate decoder (softmax cross
+    # attention) and behind fairseq's softmax decoder; LARA with 8 landmarks (Multi30k sources are 10-40 tokens)
     **{f"{prefix}enc_{kind}": decoder + ["--encoder-attention", kind] + (["--lara-landmarks", "8"] if kind == "lara" else [])
-       for prefix, decoder in (("", GATE), ("softdec_", RFA + ["--decoder-attention", "softmax"]))
+       for prefix, decoder in (("", PLUGIN + ["--rfa-gate"]), ("softdec_", PLUGIN + ["--decoder-attention", "softmax"]))
        for kind in ("rfa", "favor", "lara")},
 }
 
@@ -73,7 +74,7 @@ def has_rfa_modules(variant: str) -> bool:
     """Whether the model has RFA attention modules for scripts/rfa_diagnostics.py to read: an RFA
     decoder, or an rfa / favor encoder."""
     flags = VARIANTS[variant]
-    rfa_decoder = flags[:len(RFA)] == RFA and "--decoder-attention" not in flags
+    rfa_decoder = flags[:len(PLUGIN)] == PLUGIN and "--decoder-attention" not in flags
     return rfa_decoder or any(flags[i + 1] in ("rfa", "favor") for i, f in enumerate(flags) if f == "--encoder-attention")
 
 

@@ -161,8 +161,9 @@ class TranslationAttentionConfig(FairseqDataclass):
     """Which attention the translation model's encoder and decoder use (``rfa_transformer`` only).
 
     Not ``--rfa-*`` flags: they choose between attentions, and the ``--rfa-*`` flags shape the RFA
-    decoder. A checkpoint saved before these flags existed loads with their defaults: a softmax
-    encoder and an RFA decoder, the model it was."""
+    decoder. A checkpoint saved before these flags existed has a softmax encoder and an RFA decoder
+    with RFA cross attention: it loads with the defaults but ``cross_attention="rfa"`` (the model
+    says so by name when it is loaded without)."""
 
     encoder_attention: ChoiceEnum(list(ENCODER_ATTENTIONS)) = field(
         default="softmax",
@@ -183,16 +184,17 @@ class TranslationAttentionConfig(FairseqDataclass):
     )
     decoder_attention: ChoiceEnum(list(DECODER_ATTENTIONS)) = field(
         default="rfa",
-        metadata={"help": "the decoder's attention: rfa (causal RFA self-attention and RFA cross attention, shaped by "
-                          "the --rfa-* flags) or softmax (fairseq's own decoder; the --rfa-* flags then must keep "
+        metadata={"help": "the decoder's attention: rfa (causal RFA self-attention shaped by the --rfa-* flags, cross "
+                          "attention as --cross-attention says) or softmax (fairseq's own decoder; the --rfa-* flags then must keep "
                           "their defaults)"},
     )
     cross_attention: ChoiceEnum(list(CROSS_ATTENTIONS)) = field(
-        default="rfa",
-        metadata={"help": "the RFA decoder's cross attention: rfa (random features, a source summary of fixed size) "
-                          "or softmax (fairseq's, over the cached encoder output: its cost per step grows with the "
-                          "source length, not with the output, so decoding memory stays independent of the output "
-                          "length); the causal self-attention stays RFA"},
+        default="softmax",
+        metadata={"help": "the RFA decoder's cross attention: softmax (fairseq's, over the cached encoder output: its "
+                          "cost per step grows with the source length, not the output length; the better BLEU, see "
+                          "docs/quality.md) or rfa (the paper's: random features, a source summary of fixed size). "
+                          "A checkpoint saved without this choice has rfa: --model-overrides "
+                          "\"{'cross_attention': 'rfa'}\" loads it"},
     )
 
 
@@ -233,9 +235,15 @@ def attention_config_from(args) -> TranslationAttentionConfig:
         raise ValueError(f"--lara-landmarks needs --encoder-attention lara (got --encoder-attention {encoder})")
     if values["decoder_attention"] == "softmax":
         _refuse_changed(args, RFA_FIELDS, "the RFA decoder", "with --decoder-attention softmax the decoder is fairseq's own")
+        if values["cross_attention"] != "softmax":
+            raise ValueError("--cross-attention rfa shapes the RFA decoder; with --decoder-attention softmax the "
+                             "decoder, its cross attention too, is fairseq's own (a checkpoint saved with both loads "
+                             "with --model-overrides \"{'cross_attention': 'softmax'}\")")
     if values["cross_attention"] == "softmax":
         _refuse_changed(args, RFA_CROSS_FIELDS, "RFA cross attention",
-                        "with --cross-attention softmax the cross attention is fairseq's own")
+                        "with --cross-attention softmax (the default) the cross attention is fairseq's own (a "
+                        "checkpoint saved without a --cross-attention choice has rfa: --model-overrides "
+                        "\"{'cross_attention': 'rfa'}\" loads it)")
     return TranslationAttentionConfig(**values)
 
 

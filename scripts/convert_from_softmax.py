@@ -14,8 +14,10 @@ embeddings, the attention projections (q, k, v, out), FFNs, norms, output projec
 parameters are initialised as in a new model, seeded by ``--seed``: sigma (``--rfa-init-sigma``),
 the random matrices, the gate (``--rfa-gate``, ``--rfa-gate-bias``). fairseq-generate,
 fairseq-eval-lm and fairseq-train --finetune-from-model read the output directly (with
-``--user-dir rfa_fairseq``). ``--cross-attention softmax`` keeps a translation model's cross
-attention as it was trained (fairseq's), so that only the decoder's self-attention changes. The optimizer state is dropped: it belonged to other parameters.
+``--user-dir rfa_fairseq``). A translation model keeps its trained cross attention (fairseq's
+softmax, the RFA decoder's default), so that only the decoder's self-attention changes;
+``--cross-attention rfa`` replaces it too (the paper's model). The optimizer state is dropped: it
+belonged to other parameters.
 
 The input is read with torch.load(weights_only=True) (the classes fairseq checkpoints pickle are
 allow-listed by the plugin), including legacy checkpoints whose arguments are an argparse
@@ -43,7 +45,7 @@ from fairseq.models.transformer_lm import TransformerLanguageModel  # noqa: E402
 from omegaconf import OmegaConf, open_dict  # noqa: E402
 
 from rfa_fairseq.config import (CROSS_ATTENTIONS, RFA_FIELDS, RFAConfig, attention_config_from, flag,  # noqa: E402
-                                rfa_config_from)
+                                TranslationAttentionConfig, rfa_config_from)
 
 # source model class -> the base RFA architecture for source archs with no rfa_ twin
 BASE_RFA_ARCH = {TransformerModel: "rfa_transformer", TransformerLanguageModel: "rfa_transformer_lm"}
@@ -122,9 +124,10 @@ def stand_in_task(weights, language_model: bool):
     return SimpleNamespace(source_dictionary=src, target_dictionary=tgt)
 
 
-def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str = "rfa"):
+def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | None = None):
     """Convert a loaded softmax checkpoint; returns ``(rfa checkpoint, rfa arch, RFA-only names)``.
-    ``cross_attention="softmax"`` keeps a translation model's trained cross attention as it is."""
+    A translation model's cross attention: ``cross_attention`` (default: the model's default,
+    softmax, which keeps the trained one as it is; ``"rfa"`` replaces it)."""
     cfg, weights = state["cfg"], state["model"]
     source_cfg = cfg.model
     target = rfa_arch_for(source_cfg, weights)
@@ -147,10 +150,10 @@ def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str = 
     for name in RFA_FIELDS:
         _set(rfa_cfg, name, getattr(rfa, name))
     if language_model:
-        if cross_attention != "rfa":
+        if cross_attention is not None:
             raise ConversionError("--cross-attention applies to translation models; a language model has none")
     else:
-        _set(rfa_cfg, "cross_attention", cross_attention)
+        _set(rfa_cfg, "cross_attention", cross_attention or TranslationAttentionConfig().cross_attention)
         attention_config_from(rfa_cfg)  # validated against the --rfa-cross-* flags
     torch.manual_seed(seed)  # the RFA parameters' initialisation and random-matrix draws
     model = models.build_model(rfa_cfg, task, from_checkpoint=True)
@@ -194,9 +197,10 @@ def main(argv=None):
     parser.add_argument("--input", required=True, help="fairseq transformer* or transformer_lm* checkpoint")
     parser.add_argument("--output", required=True, help="where to write the RFA checkpoint")
     parser.add_argument("--seed", type=int, default=1, help="seed of the RFA parameters' initialisation and draws")
-    parser.add_argument("--cross-attention", choices=CROSS_ATTENTIONS, default="rfa",
-                        help="translation: the converted decoder's cross attention, rfa, or softmax (the source's "
-                             "trained cross attention kept as it is; only the self-attention becomes RFA)")
+    parser.add_argument("--cross-attention", choices=CROSS_ATTENTIONS,
+                        help="translation: the converted decoder's cross attention, softmax (the default: the "
+                             "source's trained cross attention kept as it is; only the self-attention becomes RFA) "
+                             "or rfa (replaced too, the paper's model)")
     gen_parser_from_dataclass(parser, RFAConfig())
     args = parser.parse_args(argv)
     try:
@@ -213,7 +217,7 @@ def main(argv=None):
     defaults = RFAConfig()
     flags = [f"--arch {arch}"] + [flag(n) if v is True else f"{flag(n)} {v}" for n in RFA_FIELDS
                                   if (v := getattr(args, n)) != getattr(defaults, n)]
-    if args.cross_attention != "rfa":
+    if args.cross_attention not in (None, TranslationAttentionConfig().cross_attention):
         flags.append(f"--cross-attention {args.cross_attention}")
     print("finetune with: fairseq-train DATA --user-dir rfa_fairseq --finetune-from-model "
           f"{args.output} {' '.join(flags)} (and the source's model dimensions)")

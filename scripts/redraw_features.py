@@ -10,7 +10,9 @@ training). Decoding the same model with other draws (``--seed``) shows how much 
 perplexity depends on the feature noise; more random features (``--*-feature-dim``) lower that
 noise at a higher decoding cost. Everything else in the checkpoint (weights, sigma, optimizer
 state, arguments other than the feature sizes) is kept as it is. Matrices are drawn as in
-training (``--rfa-random-matrix`` of the checkpoint), seeded from ``--seed`` and the module.
+training (``--rfa-random-matrix`` of the checkpoint), seeded from ``--seed`` and the module. Only
+the decoder's matrices are redrawn: a linear encoder's (``--encoder-attention rfa``, ``favor``)
+are kept.
 """
 import argparse
 import sys
@@ -43,9 +45,12 @@ def redraw(state: dict, seed: int, causal_dim=None, cross_dim=None, scale: int =
         raise ValueError("this checkpoint has no RFA model arguments (not an rfa_fairseq model?)")
     kind = str(kind)
     weights = state["model"]
-    names = sorted(n for n in weights if n.endswith(SUFFIX))
+    names = sorted(n for n in weights if n.endswith(SUFFIX) and n.startswith("decoder."))
     if not names:
-        raise ValueError("this checkpoint has no random matrices (not an RFA model?)")
+        raise ValueError("this checkpoint has no random matrices in its decoder (not an RFA model?)")
+    if cross_dim is not None and not any(".encoder_attn." in n for n in names):
+        raise ValueError("--cross-feature-dim: this model's cross attention has no random features "
+                         "(--cross-attention softmax)")
     dims = {}
     for name in names:
         H, D, K = weights[name].shape

@@ -12,9 +12,11 @@ def translation_model(tmp_path):
     write_dict(tmp_path / "dict.en.txt", 46)
 
     def make(*extra, arch="rfa_transformer", rfa_flags=True):
-        """rfa_flags=False drops the --rfa-* sizes (for fairseq's own softmax architectures)."""
+        """The RFA decoder with RFA cross attention (--cross-attention rfa), the model most tests are
+        about; rfa_flags=False drops the --rfa-* sizes and that choice (for fairseq's own softmax
+        architectures, and for --cross-attention softmax, which the extra arguments then give)."""
         torch.manual_seed(0)
-        model_args = TINY_MODEL if rfa_flags else TINY_DECODER
+        model_args = TINY_MODEL + ["--cross-attention", "rfa"] if rfa_flags else TINY_DECODER
         task, model, _ = build_from_cli(
             tmp_path, ["--task", "translation", "--source-lang", "de", "--target-lang", "en",
                        "--arch", arch] + TINY_ENCODER + model_args + list(extra))

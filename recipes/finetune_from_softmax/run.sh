@@ -12,7 +12,8 @@
 # --finetune-from-model, FINETUNE_UPDATES, default a fifth of SOFTMAX_UPDATES), score_finetuned.
 # fairseq-train --finetune-from-model builds the model from its own flags: MODEL_ARGS must give the
 # softmax model's dimensions (the default ones below when this recipe trained it).
-# RFA_FLAGS="--rfa-gate --cross-attention softmax" keeps the trained cross attention as it is.
+# The trained cross attention is kept as it is (the default); RFA_FLAGS="--rfa-gate --cross-attention rfa"
+# replaces it too (the paper's model: it needs longer finetuning, see docs/quality.md).
 # Environment: WORK, SEED, SOFTMAX_UPDATES (2000), FINETUNE_UPDATES, RFA_FLAGS ("--rfa-gate"),
 # MODEL_ARGS, SOFTMAX_CKPT. Results: $WORK/logs/score_*.log (sacreBLEU on detokenised test).
 # shellcheck source=recipes/common.sh

@@ -14,7 +14,7 @@
 recipe_init iwslt14_de_en
 select_size base
 set_variant "${1:-}" transformer_iwslt_de_en rfa_transformer_iwslt_de_en \
-  --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128
+  --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128 --cross-attention rfa
 shift
 SRC=de TGT=en LENPEN=1.0 TEST_NAME="IWSLT14 de-en test"
 SCORE_ARGS=(--tokenised)

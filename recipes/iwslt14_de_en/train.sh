@@ -5,6 +5,7 @@
 #
 # VARIANT: softmax   fairseq's transformer_iwslt_de_en
 #          rfa       rfa_transformer_iwslt_de_en --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128
+#                    --cross-attention rfa (the paper's model; the plugin's default cross attention is softmax)
 #          rfa_gate  the same with --rfa-gate; the ablations (rfa_gate_paper, rfa_arccos, ...): recipes/README.md
 # All share the rest of the command, fairseq's IWSLT14 example (examples/translation/README.md):
 # 6+6 layers, 512 dims, FFN 1024, 4 heads, separate source and target dictionaries (over one joint
@@ -27,7 +28,7 @@
 recipe_init iwslt14_de_en
 select_size base
 set_variant "${1:-}" transformer_iwslt_de_en rfa_transformer_iwslt_de_en \
-  --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128
+  --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128 --cross-attention rfa
 shift
 [ -f "$DATA_BIN/dict.en.txt" ] || die "no binarised data in $DATA_BIN: run prepare.sh first"
 

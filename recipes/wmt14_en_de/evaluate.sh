@@ -13,7 +13,7 @@
 recipe_init wmt14_en_de
 select_size base
 set_variant "${1:-}" transformer_wmt_en_de rfa_transformer_wmt_en_de \
-  --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128
+  --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128 --cross-attention rfa
 shift
 SRC=en TGT=de LENPEN=0.6 TEST_NAME="newstest2014 en-de"
 SCORE_ARGS=(--compound-split)

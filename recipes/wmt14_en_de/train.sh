@@ -5,6 +5,7 @@
 #
 # VARIANT: softmax   fairseq's transformer_wmt_en_de
 #          rfa       rfa_transformer_wmt_en_de --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128
+#                    --cross-attention rfa (the paper's model; the plugin's default cross attention is softmax)
 #          rfa_gate  the same with --rfa-gate; the ablations (rfa_gate_paper, rfa_arccos, ...): recipes/README.md
 # The rest is the transformer-base setup of Vaswani et al. (2017), as fairseq runs it (Ott et al.
 # 2018): 6+6 layers, 512 dims, FFN 2048, 8 heads, all embeddings shared, dropout 0.1, label
@@ -25,7 +26,7 @@
 recipe_init wmt14_en_de
 select_size base
 set_variant "${1:-}" transformer_wmt_en_de rfa_transformer_wmt_en_de \
-  --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128
+  --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128 --cross-attention rfa
 shift
 [ -f "$DATA_BIN/dict.de.txt" ] || die "no binarised data in $DATA_BIN: run prepare.sh first"
 

@@ -6,7 +6,7 @@
 #
 # VARIANT: softmax   fairseq's transformer_wmt_en_de (big: transformer_vaswani_wmt_en_fr_big)
 #          rfa       rfa_transformer_wmt_en_de (big: rfa_transformer_vaswani_wmt_en_fr_big)
-#                    --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128
+#                    --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128 --cross-attention rfa
 #          rfa_gate  the same with --rfa-gate; the ablations (rfa_gate_paper, rfa_arccos, ...): recipes/README.md
 # SIZE=base (default): the RFA paper builds its translation models on transformer-base; the
 # setup is the en-de recipe's (Vaswani et al. 2017 as fairseq runs it): 6+6 layers, 512 dims,
@@ -29,11 +29,11 @@ recipe_init wmt14_en_fr
 select_size base big
 if [ "$SIZE" = big ]; then
   set_variant "${1:-}" transformer_vaswani_wmt_en_fr_big rfa_transformer_vaswani_wmt_en_fr_big \
-    --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128
+    --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128 --cross-attention rfa
   LR=5e-4 GPU_TOKENS=3584
 else
   set_variant "${1:-}" transformer_wmt_en_de rfa_transformer_wmt_en_de \
-    --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128
+    --rfa-causal-feature-dim 64 --rfa-cross-feature-dim 128 --cross-attention rfa
   LR=7e-4 GPU_TOKENS=4096
 fi
 shift

@@ -1,10 +1,11 @@
 """Translation: model ``rfa_transformer`` and its architectures.
 
-fairseq's TransformerModel with a softmax encoder and an RFA decoder (causal RFA or RFA-Gate
-self-attention, RFA cross attention), as in the paper's machine translation experiments.
-``--encoder-attention {rfa,favor,lara}`` makes the encoder's self-attention linear in the source
-length too (``rfa_encoder.py``), and ``--decoder-attention softmax`` puts fairseq's own decoder
-behind such an encoder. The defaults (softmax encoder, RFA decoder) build the model as it was.
+fairseq's TransformerModel with a softmax encoder and an RFA decoder: causal RFA or RFA-Gate
+self-attention, and fairseq's softmax cross attention over the encoder output (``--cross-attention
+rfa``: RFA cross attention, the paper's machine translation model). ``--encoder-attention
+{rfa,favor,lara}`` makes the encoder's self-attention linear in the source length too
+(``rfa_encoder.py``), and ``--decoder-attention softmax`` puts fairseq's own decoder behind such an
+encoder.
 """
 import argparse
 
@@ -59,6 +60,20 @@ class RFATransformerModel(TransformerModel):
             check_heads(args.encoder_embed_dim, args.encoder_attention_heads,
                         "--encoder-embed-dim", "--encoder-attention-heads")
         return super().build_model(args, task)
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        # A checkpoint saved before --cross-attention existed has RFA cross attention; built with the
+        # default softmax one, its weights would fail to load with a list of key names instead.
+        prefix = "decoder.layers.0.encoder_attn."
+        built = dict(self.named_modules()).get(prefix[:-1])
+        if built is not None and any(key.startswith(prefix) for key in state_dict):
+            saved = "rfa" if any(key.startswith(prefix + "feature_map.") for key in state_dict) else "softmax"
+            built = "rfa" if isinstance(built, CrossRFAttention) else "softmax"
+            if saved != built:
+                raise ValueError(f"the checkpoint has {saved} cross attention and the model was built with {built} "
+                                 f"cross attention: pass --cross-attention {saved} (fairseq-train) or --model-overrides "
+                                 f"\"{{'cross_attention': '{saved}'}}\" (fairseq-generate, fairseq-interactive)")
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def set_beam_size(self, beam_size):
         """Called by fairseq's SequenceGenerator: RFA cross attention then keeps one source state

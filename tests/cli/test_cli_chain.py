@@ -1,5 +1,6 @@
 """The fairseq command lines with --user-dir: preprocess, train, generate (beam), resume from a
 checkpoint, and the language-model chain with fairseq-eval-lm. Tiny models on shipped data."""
+import importlib.util
 import json
 import math
 import os
@@ -74,6 +75,19 @@ def test_translation_train_generate_resume(mt_data):
     assert "num_updates 6" in log
 
 
+def test_redraw_features_keeps_a_linear_encoders_matrices_and_refuses_cross_dims_without_rfa_cross():
+    spec = importlib.util.spec_from_file_location("redraw_features", os.path.join(REPO, "scripts", "redraw_features.py"))
+    redraw_features = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(redraw_features)
+    encoder, decoder = (f"{part}.layers.0.self_attn.feature_map.random_matrix" for part in ("encoder", "decoder"))
+    state = {"cfg": {"model": {"rfa_random_matrix": "orthogonal"}},
+             "model": {encoder: torch.zeros(4, 8, 8), decoder: torch.zeros(4, 8, 8)}}
+    with pytest.raises(ValueError, match="--cross-feature-dim: this model's cross attention has no random features"):
+        redraw_features.redraw(state, seed=1, cross_dim=16)
+    assert redraw_features.redraw(state, seed=1) == 1
+    assert torch.equal(state["model"][encoder], torch.zeros(4, 8, 8)) and state["model"][decoder].abs().sum() > 0
+
+
 def test_checkpoint_loads_with_weights_only(mt_data):
     """fairseq checkpoints load under torch's safe unpickler once rfa_fairseq is imported, and
     only because of its allow-list (a fresh interpreter without it refuses the same file)."""
@@ -124,7 +138,8 @@ def test_other_feature_maps_end_to_end(mt_data, tmp_path, kernel):
     diagnostics command on both checkpoints (the gate's mean, sigma, the clamped denominators)."""
     ckpt = tmp_path / "mt"
     run_cli("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
-            "--rfa-kernel", kernel, "--rfa-gate", "--rfa-gate-form", "decay", "--share-all-embeddings", *TINY, *TRAIN,
+            "--rfa-kernel", kernel, "--rfa-gate", "--rfa-gate-form", "decay", "--cross-attention", "rfa",
+            "--share-all-embeddings", *TINY, *TRAIN,
             "--max-update", "3", "--save-dir", ckpt, "--no-epoch-checkpoints")
     out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
                   "--gen-subset", "test", "--beam", "3", "--max-len-b", "8", "--required-batch-size-multiple", "1", "--cpu")
@@ -159,7 +174,8 @@ def test_redraw_features_keeps_the_model_and_changes_the_draws(mt_data, tmp_path
     ones; more features load and decode; the rest of the checkpoint is unchanged."""
     ckpt = tmp_path / "ckpt"
     run_cli("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
-            "--share-all-embeddings", *TINY, *TRAIN, "--max-update", "1", "--save-dir", ckpt, "--no-epoch-checkpoints")
+            "--cross-attention", "rfa", "--share-all-embeddings", *TINY, *TRAIN, "--max-update", "1", "--save-dir", ckpt,
+            "--no-epoch-checkpoints")
     script = os.path.join(REPO, "scripts", "redraw_features.py")
     src = ckpt / "checkpoint_last.pt"
     for name, extra in (("a", ["--seed", "5"]), ("b", ["--seed", "5"]), ("c", ["--seed", "6"]),

@@ -66,14 +66,15 @@ def test_converted_weights_equal_the_source(softmax, tmp_path, kind, arch):
     assert out["cfg"]["task"] == source["cfg"]["task"], "dictionaries and task arguments are the source's"
 
 
-def test_converted_translation_decodes_with_beam_search_and_finetunes(softmax, tmp_path):
+@pytest.mark.parametrize("cross", [[], ["--cross-attention", "rfa"]], ids=["softmax-cross", "rfa-cross"])
+def test_converted_translation_decodes_with_beam_search_and_finetunes(softmax, tmp_path, cross):
     rfa = tmp_path / "rfa.pt"
-    convert(softmax["mt"], rfa, "--rfa-gate")
+    convert(softmax["mt"], rfa, "--rfa-gate", *cross)
     out = run_cli("fairseq-generate", softmax["dir"] / "mt", "--user-dir", USER_DIR, "--path", rfa, "--beam", "4",
                   "--batch-size", "4", "--required-batch-size-multiple", "1", "--max-len-b", "20", "--cpu")
     assert len(re.findall(r"^H-\d+", out, re.M)) == 12 and "BLEU4" in out
     log = run_cli("fairseq-train", softmax["dir"] / "mt", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
-                  "--rfa-gate", "--share-all-embeddings", *ENCODER, *DIMS, *TRAIN[:-2], "--max-update", "2",
+                  "--rfa-gate", *cross, "--share-all-embeddings", *ENCODER, *DIMS, *TRAIN[:-2], "--max-update", "2",
                   "--finetune-from-model", rfa, "--save-dir", tmp_path / "ft")
     assert "Loaded checkpoint" in log and "num_updates 2" in log
     tuned = torch.load(tmp_path / "ft" / "checkpoint_last.pt", weights_only=True)["model"]
@@ -83,19 +84,16 @@ def test_converted_translation_decodes_with_beam_search_and_finetunes(softmax, t
         "finetuning starts from the converted weights"
 
 
-def test_softmax_cross_attention_is_kept_as_trained(softmax, tmp_path):
-    """--cross-attention softmax: the decoder's cross attention stays fairseq's, its weights the
-    source's; only self-attention gains RFA parameters; beam search decodes the result. A language
-    model has no cross attention to keep."""
-    rfa = tmp_path / "rfa.pt"
-    out = convert(softmax["mt"], rfa, "--rfa-gate", "--cross-attention", "softmax")
+def test_cross_attention_is_kept_as_trained_unless_rfa_is_asked_for(softmax, tmp_path):
+    """By default the decoder's cross attention stays fairseq's, its weights the source's: only
+    self-attention gains RFA parameters. --cross-attention rfa gives it RFA parameters too. A
+    language model has no cross attention to choose."""
     source = torch.load(softmax["mt"], weights_only=True)
-    assert_shared_weights_copied(source["model"], out)
-    assert not any(".encoder_attn.feature_map" in n for n in out["model"])
-    assert vars(out["cfg"]["model"])["cross_attention"] == "softmax"  # fairseq-train saved a Namespace
-    gen = run_cli("fairseq-generate", softmax["dir"] / "mt", "--user-dir", USER_DIR, "--path", rfa, "--beam", "4",
-                  "--batch-size", "4", "--required-batch-size-multiple", "1", "--max-len-b", "20", "--cpu")
-    assert len(re.findall(r"^H-\d+", gen, re.M)) == 12
+    for cross, kind in (([], "softmax"), (["--cross-attention", "rfa"], "rfa")):
+        out = convert(softmax["mt"], tmp_path / "rfa.pt", "--rfa-gate", *cross)
+        assert_shared_weights_copied(source["model"], out)
+        assert any(".encoder_attn.feature_map" in n for n in out["model"]) == (kind == "rfa")
+        assert vars(out["cfg"]["model"])["cross_attention"] == kind  # fairseq-train saved a Namespace
     with pytest.raises(SystemExit, match="--cross-attention applies to translation models"):
         convert(softmax["lm"], tmp_path / "lm.pt", "--cross-attention", "softmax")
 

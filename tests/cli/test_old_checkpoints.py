@@ -1,6 +1,7 @@
 """Checkpoints saved by the release that had ``--rfa-decode-kernel`` (tests/data/
 checkpoints_with_decode_kernel, with the outputs that release printed) load with the current code
-and decode and score exactly as before: the flag is dropped from their saved arguments."""
+and decode and score exactly as before: the flag is dropped from their saved arguments (and the
+translation model, whose cross attention is RFA, needs --model-overrides to say so)."""
 import math
 import re
 import shutil
@@ -24,11 +25,15 @@ def _saved_flag(path):
 
 
 def test_translation_checkpoint_decodes_as_before(tmp_path):
+    """Its cross attention is RFA, and the default is now softmax: loading it says how to load it."""
     assert _saved_flag(DATA + "/translation/translation_rfa_gate.pt") == "cpp"
     bin_dir = shutil.copytree(DATA + "/translation", tmp_path / "bin")
-    out = run_cli("fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--path", bin_dir / "translation_rfa_gate.pt",
-                  "--beam", "4", "--max-len-b", "12", "--batch-size", "12", "--required-batch-size-multiple", "1",
-                  "--cpu")
+    generate = ["fairseq-generate", bin_dir, "--user-dir", USER_DIR, "--path", bin_dir / "translation_rfa_gate.pt",
+                "--beam", "4", "--max-len-b", "12", "--batch-size", "12", "--required-batch-size-multiple", "1", "--cpu"]
+    refused = run_cli(*generate, check=False)
+    assert refused.returncode != 0 and "the checkpoint has rfa cross attention" in refused.stderr and \
+        "--model-overrides \"{'cross_attention': 'rfa'}\"" in refused.stderr, refused.stderr[-2000:]
+    out = run_cli(*generate, "--model-overrides", "{'cross_attention': 'rfa'}")
     got, expected = _lines(out), _lines(open(DATA + "/translation/generate.txt").read())
     assert len(got) == len(expected) == 24
     for g, e in zip(got, expected):

@@ -22,7 +22,7 @@ TRAIN_PAIRS = 300  # with --max-tokens 500: 13 updates per epoch, so updates 1..
 TIMING = {"wps", "ups", "train_wall", "wall"}
 
 ARGS = [
-    "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en", "--rfa-gate", "--share-all-embeddings",
+    "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en", "--rfa-gate", "--cross-attention", "rfa", "--share-all-embeddings",
     "--encoder-layers", "1", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
     "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
     "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--rfa-chunk-size", "8",

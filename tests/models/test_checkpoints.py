@@ -2,6 +2,7 @@
 version is checked and upgraded, and softmax/RFA checkpoints are not silently mixed."""
 import collections
 import pickle
+import re
 
 import pytest
 import torch
@@ -79,3 +80,16 @@ def test_rfa_checkpoint_round_trip_keeps_random_features(translation_model, tmp_
     for a, b in zip(model.decoder.layers, other.decoder.layers):
         assert torch.equal(a.self_attn.feature_map.random_matrix, b.self_attn.feature_map.random_matrix)
         assert torch.equal(a.encoder_attn.feature_map.random_matrix, b.encoder_attn.feature_map.random_matrix)
+
+
+@pytest.mark.parametrize("saved,built", [("rfa", "softmax"), ("softmax", "rfa")])
+def test_cross_attention_mismatch_names_the_flag_that_loads_it(translation_model, saved, built):
+    """Weights with one kind of cross attention loaded into a model built with the other (as a
+    checkpoint saved before --cross-attention existed, which has rfa, into the default softmax)."""
+    def model(kind):
+        return translation_model("--rfa-gate", "--cross-attention", kind, rfa_flags=False)[1]
+
+    fix = re.escape(f"--cross-attention {saved} (fairseq-train) or --model-overrides \"{{'cross_attention': '{saved}'}}\"")
+    with pytest.raises(ValueError, match=f"checkpoint has {saved} cross attention and the model was built with {built}.*{fix}"):
+        model(built).load_state_dict(model(saved).state_dict())
+    model(saved).load_state_dict(model(saved).state_dict())  # the same kind loads

@@ -2,6 +2,7 @@
 it trains (finite gradients everywhere), that the defaults build the model as before (an old
 checkpoint's arguments lack the new fields), validation errors, and distinct random draws."""
 import argparse
+import re
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from fairseq.modules import MultiheadAttention
 from rfa_fairseq.config import ATTENTION_FIELDS
 from rfa_fairseq.models import RFATransformerDecoder, RFATransformerModel
 from rfa_fairseq.models.rfa_encoder import RFATransformerEncoder
-from rfa_fairseq.modules import EncoderRFAttention, LARAttention
+from rfa_fairseq.modules import CrossRFAttention, EncoderRFAttention, LARAttention
 from rfa_test_utils import TINY_ENCODER, TINY_MODEL, build_from_cli, random_tokens
 
 EXPECTED = {"rfa": EncoderRFAttention, "favor": EncoderRFAttention, "lara": LARAttention}
@@ -46,8 +47,9 @@ def test_each_choice_builds_and_trains(translation_model, kind, decoder):
 
 
 def test_defaults_build_the_model_as_before(translation_model):
-    """Without the new flags (as in an old checkpoint's arguments): fairseq's own softmax encoder,
-    the RFA decoder, and a state dict that loads strictly into a model built with explicit defaults."""
+    """Without the encoder and decoder choices (as in an old checkpoint's arguments): fairseq's own
+    softmax encoder, the RFA decoder, and a state dict that loads strictly into a model built with
+    explicit defaults."""
     task, model = translation_model()
     assert type(model.encoder) is TransformerEncoderBase
     assert isinstance(model.encoder.layers[0].self_attn, MultiheadAttention)
@@ -60,14 +62,19 @@ def test_defaults_build_the_model_as_before(translation_model):
 def test_old_arguments_without_the_fields_build_with_defaults(translation_model, tmp_path):
     translation_model()  # writes the dictionaries
     task, _, args = build_from_cli(tmp_path, ["--task", "translation", "--source-lang", "de", "--target-lang", "en",
-                                              "--arch", "rfa_transformer", "--encoder-attention", "lara"]
-                                   + TINY_ENCODER + TINY_MODEL)
+                                              "--arch", "rfa_transformer", "--encoder-attention", "lara",
+                                              "--cross-attention", "rfa"] + TINY_ENCODER + TINY_MODEL)
     args = argparse.Namespace(**vars(args))
     for name in ATTENTION_FIELDS:
         delattr(args, name)
+    # its cross attention was RFA (--rfa-cross-feature-dim 96), the default is softmax: refused with the fix
+    with pytest.raises(ValueError, match=re.escape("--model-overrides \"{'cross_attention': 'rfa'}\" loads it")):
+        RFATransformerModel.build_model(argparse.Namespace(**vars(args)), task)
+    args.cross_attention = "rfa"  # what the override sets
     old = RFATransformerModel.build_model(args, task)
     assert type(old.encoder) is TransformerEncoderBase and isinstance(old.decoder, RFATransformerDecoder)
     assert args.encoder_attention == "softmax" and args.decoder_attention == "rfa"
+    assert all(isinstance(layer.encoder_attn, CrossRFAttention) for layer in old.decoder.layers)
 
 
 def test_checkpoint_round_trip_keeps_encoder_draws(translation_model, tmp_path):
@@ -113,6 +120,8 @@ def test_padding_does_not_change_encoder_output(translation_model):
     (["--decoder-attention", "softmax", "--rfa-gate"], "--rfa-gate shapes the RFA decoder"),
     (["--cross-attention", "softmax", "--rfa-cross-feature-dim", "32", "--rfa-cross-norm-rescale"],
      "--rfa-cross-feature-dim, --rfa-cross-norm-rescale shape RFA cross attention"),
+    (["--rfa-cross-abs-denominator"], "--rfa-cross-abs-denominator shapes RFA cross attention"),  # softmax: default
+    (["--decoder-attention", "softmax", "--cross-attention", "rfa"], "--cross-attention rfa shapes the RFA decoder"),
     (["--encoder-attention", "rfa", "--encoder-attention-heads", "5"], "--encoder-embed-dim .* divisible"),
 ])
 def test_bad_flags_are_refused_by_name(translation_model, extra, match):
@@ -121,9 +130,9 @@ def test_bad_flags_are_refused_by_name(translation_model, extra, match):
 
 
 def test_softmax_cross_attention_builds_fairseqs_module(translation_model):
-    """--cross-attention softmax: fairseq's MultiheadAttention as cross attention behind RFA
-    self-attention, trained through (finite gradients reach the encoder)."""
-    task, model = translation_model("--cross-attention", "softmax", "--rfa-gate", rfa_flags=False)
+    """The default, --cross-attention softmax: fairseq's MultiheadAttention as cross attention
+    behind RFA self-attention, trained through (finite gradients reach the encoder)."""
+    task, model = translation_model("--rfa-gate", rfa_flags=False)
     assert isinstance(model.decoder, RFATransformerDecoder)
     for layer in model.decoder.layers:
         assert type(layer.encoder_attn) is MultiheadAttention and not isinstance(layer.self_attn, MultiheadAttention)

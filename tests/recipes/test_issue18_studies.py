@@ -1,11 +1,16 @@
 """The two study scripts of the stateful LM and conversion results, in tiny configurations: every
 row is recorded once, a second run skips what is recorded, and --report prints the table."""
 import gzip
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
 
 from rfa_test_utils import REPO
 
@@ -48,7 +53,7 @@ def test_convert_study_smoke(tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["row"], r["total_updates"]) for r in records] == [
         ("softmax", 5), ("converted", 5), ("finetuned-0.4", 7), ("converted_softcross", 5),
-        ("finetuned_softcross-0.4", 7), ("scratch-0.4", 7)]
+        ("finetuned_softcross-0.4", 7), ("scratch-0.4", 7), ("scratch_softcross-0.4", 7)]
     assert all(r["test_bleu"] >= 0 for r in records)
     assert "recorded, skipped" in study("convert_study.py", *args)
     assert "| finetuned-0.4 | 7 | 1 |" in study("convert_study.py", "--report", "--out", out)
@@ -60,7 +65,7 @@ def test_convert_study_starts_from_the_quality_study(tmp_path):
     args = ["--smoke", "--updates", 4, "--fractions", 0.5, "--layers", 1, "--dim", 32]
     study("convert_study.py", *args, "--work", tmp_path / "a", "--out", tmp_path / "a.jsonl")
     quality = tmp_path / "quality" / "final"
-    for run_name, row in (("softmax", "softmax"), ("gate_bias2", "scratch-0.5")):
+    for run_name, row in (("softmax", "softmax"), ("gate_bias2", "scratch-0.5"), ("gate_softcross", "scratch_softcross-0.5")):
         (quality / f"{run_name}-seed1").mkdir(parents=True)
         shutil.copy(tmp_path / "a" / "u4-seed1" / row / "checkpoint_last.pt", quality / f"{run_name}-seed1")
     proc = subprocess.run([sys.executable, os.path.join(REPO, "results", "convert_study.py"), *map(str, args),
@@ -74,5 +79,26 @@ def test_convert_study_starts_from_the_quality_study(tmp_path):
     assert records["softmax"]["from_quality_study"] and not records["finetuned-0.5"]["from_quality_study"]
     # the softmax stand-in is the first queue's softmax model, scored as it is
     assert records["softmax"]["test_bleu"] == first["softmax"]["test_bleu"]
-    assert records["scratch-0.5"]["from_quality_study"]
-    assert "Loaded checkpoint" in (tmp_path / "b" / "u4-seed1" / "scratch-0.5" / "train.log").read_text()
+    for row in ("scratch-0.5", "scratch_softcross-0.5"):
+        assert records[row]["from_quality_study"]
+        assert "Loaded checkpoint" in (tmp_path / "b" / "u4-seed1" / row / "train.log").read_text()
+
+
+def test_convert_study_does_not_start_from_an_unfinished_quality_run(tmp_path):
+    """A quality-study run still training (fewer updates saved than --updates) is not copied: the
+    copy would repeat the rest of that run."""
+    spec = importlib.util.spec_from_file_location("convert_study", os.path.join(REPO, "results", "convert_study.py"))
+    convert_study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(convert_study)
+    run = tmp_path / "quality" / "final" / "gate_bias2-seed1"
+    run.mkdir(parents=True)
+    torch.save({"optimizer_history": [{"num_updates": 3}]}, run / "checkpoint_last.pt")
+    out = tmp_path / "scratch"
+    out.mkdir()
+    a = SimpleNamespace(from_quality_study=tmp_path / "quality", updates=4)
+    with pytest.raises(RuntimeError, match="gate_bias2-seed1/checkpoint_last.pt is at update 3 of 4"):
+        convert_study.start_from(a, 1, "gate_bias2", out)
+    assert not (out / "checkpoint_last.pt").exists()
+    a.updates = 3
+    assert convert_study.start_from(a, 1, "gate_bias2", out) and (out / "checkpoint_last.pt").exists()
+

@@ -82,14 +82,15 @@ def test_architecture_and_update_count(work, task, size, softmax_arch, rfa_arch,
     suffix = f".{size}" if size else ""
     assert flag(rfa, "--save-dir").endswith(f"/checkpoints/rfa_gate{suffix}")
     assert flag(softmax, "--save-dir").endswith(f"/checkpoints/softmax{suffix}")
-    # apart from the architecture, the --rfa-* flags and the run folder, the commands are the same
+    # apart from the architecture, the --rfa-* flags (and translation's --cross-attention rfa, the paper's) and the
+    # run folder, the commands are the same
     assert without_rfa(softmax) == without_rfa(rfa)
 
 
 def without_rfa(cmd):
     out, i = [], 0
     while i < len(cmd):
-        if cmd[i].startswith("--rfa-"):
+        if cmd[i].startswith("--rfa-") or cmd[i] == "--cross-attention":
             i += 2 if i + 1 < len(cmd) and not cmd[i + 1].startswith("--") else 1
             continue
         out.append("ARCH" if i and cmd[i - 1] == "--arch" else "DIR" if i and cmd[i - 1] == "--save-dir" else cmd[i])
@@ -136,7 +137,7 @@ def test_variants_have_their_flags_and_their_own_run(work, variant, flags):
     cmd, _ = dry_run(work, "wmt14_en_de", variant)
     i = cmd.index("rfa_transformer_wmt_en_de") + 1
     assert cmd[i:cmd.index("--share-all-embeddings")] == \
-        ["--rfa-causal-feature-dim", "64", "--rfa-cross-feature-dim", "128"] + flags
+        ["--rfa-causal-feature-dim", "64", "--rfa-cross-feature-dim", "128", "--cross-attention", "rfa"] + flags
     assert flag(cmd, "--save-dir").endswith(f"/checkpoints/{variant}")
     custom, _ = dry_run(work, "wmt14_en_de", variant, RUN="my-ablation.1")
     assert flag(custom, "--save-dir").endswith("/checkpoints/my-ablation.1")
