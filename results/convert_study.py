@@ -121,6 +121,10 @@ def rows(a):
             yield f"{scratch}-{f:g}", n + round(f * n)
 
 
+class NotReady(RuntimeError):
+    """A row's starting point (a quality-study run) is missing or still training."""
+
+
 def saved_updates(checkpoint: Path) -> int:
     import torch
 
@@ -137,10 +141,10 @@ def start_from(a, seed: int, run_name: str, out: Path) -> bool:
     src = a.from_quality_study / "final" / f"{run_name}-seed{seed}" / "checkpoint_last.pt"
     first = f"(run results/quality_study.py --setting final --variants {run_name} --seeds {seed} first)"
     if not src.exists():
-        raise FileNotFoundError(f"--from-quality-study: {src} does not exist {first}")
+        raise NotReady(f"--from-quality-study: {src} does not exist {first}")
     done = saved_updates(src)
     if done < a.updates:  # still training: a copy would repeat the rest of that run here
-        raise RuntimeError(f"--from-quality-study: {src} is at update {done} of {a.updates} {first}")
+        raise NotReady(f"--from-quality-study: {src} is at update {done} of {a.updates} {first}")
     shutil.copy(src, out / "checkpoint_last.pt")
     marker.write_text(f"{src}\n")
     return True
@@ -209,13 +213,21 @@ def main(argv=None):
         return
     a.work.mkdir(parents=True, exist_ok=True)
     data = prepare(a.work, a.smoke)
+    waiting = []
     for seed in a.seeds:
         for row, total in rows(a):
             if (row, a.updates, seed) in {(r["row"], r["updates"], r["seed"]) for r in load(a.out)}:
                 print(f"[convert] {row} seed {seed}: recorded, skipped", flush=True)
                 continue
             print(f"[convert] {row} seed {seed}: running", flush=True)
-            ckpt, seconds, out = make(row, a, seed, data)
+            try:
+                ckpt, seconds, out = make(row, a, seed, data)
+            except NotReady as e:
+                if not row.startswith("scratch"):
+                    raise  # every other row needs the softmax model
+                print(f"[convert] {row} seed {seed}: not ready, skipped: {e}", flush=True)
+                waiting.append(f"{row} seed {seed}")
+                continue
             record = {"row": row, "updates": a.updates, "total_updates": total, "seed": seed, "train_s": seconds,
                       "from_quality_study": a.from_quality_study is not None and row.startswith(("softmax", "scratch")),
                       "test_bleu": bleu(a, data, ckpt, out),
@@ -225,6 +237,8 @@ def main(argv=None):
             with open(a.out, "a") as f:
                 f.write(json.dumps(record) + "\n")
             print(f"[convert] {json.dumps(record)}", flush=True)
+    if waiting:
+        sys.exit(f"convert_study: not run yet, their quality-study runs not finished: {', '.join(waiting)}")
 
 
 if __name__ == "__main__":

@@ -61,20 +61,31 @@ def test_convert_study_smoke(tmp_path):
 
 def test_convert_study_starts_from_the_quality_study(tmp_path):
     """--from-quality-study: the softmax row is the quality study's model (not trained again) and
-    a scratch row resumes the quality study's RFA-Gate run; a missing run is named."""
+    a scratch row resumes the quality study's RFA-Gate run; a missing softmax run stops the queue
+    with its name, a missing RFA-Gate run only the scratch rows that need it."""
     args = ["--smoke", "--updates", 4, "--fractions", 0.5, "--layers", 1, "--dim", 32]
     study("convert_study.py", *args, "--work", tmp_path / "a", "--out", tmp_path / "a.jsonl")
     quality = tmp_path / "quality" / "final"
-    for run_name, row in (("softmax", "softmax"), ("gate_bias2", "scratch-0.5"), ("gate_softcross", "scratch_softcross-0.5")):
+
+    def stand_in(run_name, row):
         (quality / f"{run_name}-seed1").mkdir(parents=True)
         shutil.copy(tmp_path / "a" / "u4-seed1" / row / "checkpoint_last.pt", quality / f"{run_name}-seed1")
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "results", "convert_study.py"), *map(str, args),
-                           "--work", tmp_path / "b", "--out", tmp_path / "b.jsonl", "--from-quality-study",
-                           tmp_path / "missing"], env=ENV, capture_output=True, text=True, cwd=REPO)
+
+    def queue(source):
+        return subprocess.run([sys.executable, os.path.join(REPO, "results", "convert_study.py"), *map(str, args),
+                               "--work", tmp_path / "b", "--out", tmp_path / "b.jsonl", "--from-quality-study",
+                               source], env=ENV, capture_output=True, text=True, cwd=REPO)
+
+    proc = queue(tmp_path / "missing")
     assert proc.returncode != 0 and "missing/final/softmax-seed1/checkpoint_last.pt does not exist" in proc.stderr
-    study("convert_study.py", *args, "--work", tmp_path / "b", "--out", tmp_path / "b.jsonl", "--from-quality-study",
-          tmp_path / "quality")
+    stand_in("softmax", "softmax")
+    stand_in("gate_bias2", "scratch-0.5")
+    proc = queue(tmp_path / "quality")
+    assert proc.returncode != 0 and "not run yet" in proc.stderr and "scratch_softcross-0.5 seed 1" in proc.stderr
+    stand_in("gate_softcross", "scratch_softcross-0.5")
+    assert queue(tmp_path / "quality").returncode == 0
     records = {r["row"]: r for r in map(json.loads, (tmp_path / "b.jsonl").read_text().splitlines())}
+    assert len(records) == 7
     first = {r["row"]: r for r in map(json.loads, (tmp_path / "a.jsonl").read_text().splitlines())}
     assert records["softmax"]["from_quality_study"] and not records["finetuned-0.5"]["from_quality_study"]
     # the softmax stand-in is the first queue's softmax model, scored as it is
@@ -82,7 +93,6 @@ def test_convert_study_starts_from_the_quality_study(tmp_path):
     for row in ("scratch-0.5", "scratch_softcross-0.5"):
         assert records[row]["from_quality_study"]
         assert "Loaded checkpoint" in (tmp_path / "b" / "u4-seed1" / row / "train.log").read_text()
-
 
 def test_convert_study_does_not_start_from_an_unfinished_quality_run(tmp_path):
     """A quality-study run still training (fewer updates saved than --updates) is not copied: the
@@ -96,7 +106,7 @@ def test_convert_study_does_not_start_from_an_unfinished_quality_run(tmp_path):
     out = tmp_path / "scratch"
     out.mkdir()
     a = SimpleNamespace(from_quality_study=tmp_path / "quality", updates=4)
-    with pytest.raises(RuntimeError, match="gate_bias2-seed1/checkpoint_last.pt is at update 3 of 4"):
+    with pytest.raises(convert_study.NotReady, match="gate_bias2-seed1/checkpoint_last.pt is at update 3 of 4"):
         convert_study.start_from(a, 1, "gate_bias2", out)
     assert not (out / "checkpoint_last.pt").exists()
     a.updates = 3
