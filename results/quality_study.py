@@ -65,7 +65,8 @@ VARIANTS = {
     # linear encoders (issue "Linear-time encoder attention"), behind the default RFA-Gate decoder (softmax cross
     # attention) and behind fairseq's softmax decoder; LARA with 8 landmarks (Multi30k sources are 10-40 tokens)
     **{f"{prefix}enc_{kind}": decoder + ["--encoder-attention", kind] + (["--lara-landmarks", "8"] if kind == "lara" else [])
-       for prefix, decoder in (("", PLUGIN + ["--rfa-gate"]), ("softdec_", PLUGIN + ["--decoder-attention", "softmax"]))
+       for prefix, decoder in (("", PLUGIN + ["--rfa-gate"]),
+                               ("softdec_", PLUGIN + ["--decoder-attention", "softmax"]))
        for kind in ("rfa", "favor", "lara")},
 }
 

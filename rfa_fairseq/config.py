@@ -184,9 +184,9 @@ class TranslationAttentionConfig(FairseqDataclass):
     )
     decoder_attention: ChoiceEnum(list(DECODER_ATTENTIONS)) = field(
         default="rfa",
-        metadata={"help": "the decoder's attention: rfa (causal RFA self-attention shaped by the --rfa-* flags, cross "
-                          "attention as --cross-attention says) or softmax (fairseq's own decoder; the --rfa-* flags then must keep "
-                          "their defaults)"},
+        metadata={"help": "the decoder's attention: rfa (causal RFA self-attention shaped by the --rfa-* flags, "
+                          "cross attention as --cross-attention says) or softmax (fairseq's own decoder; the --rfa-* "
+                          "flags then must keep their defaults)"},
     )
     cross_attention: ChoiceEnum(list(CROSS_ATTENTIONS)) = field(
         default="softmax",

@@ -70,9 +70,10 @@ class RFATransformerModel(TransformerModel):
             saved = "rfa" if any(key.startswith(prefix + "feature_map.") for key in state_dict) else "softmax"
             built = "rfa" if isinstance(built, CrossRFAttention) else "softmax"
             if saved != built:
-                raise ValueError(f"the checkpoint has {saved} cross attention and the model was built with {built} "
-                                 f"cross attention: pass --cross-attention {saved} (fairseq-train) or --model-overrides "
-                                 f"\"{{'cross_attention': '{saved}'}}\" (fairseq-generate, fairseq-interactive)")
+                raise ValueError(f"the checkpoint has {saved} cross attention and the model was built with "
+                                 f"{built} cross attention: pass --cross-attention {saved} (fairseq-train) or "
+                                 f"--model-overrides \"{{'cross_attention': '{saved}'}}\" (fairseq-generate, "
+                                 f"fairseq-interactive)")
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def set_beam_size(self, beam_size):
