@@ -3,6 +3,7 @@
 (A module of its own, not conftest.py: pytest registers every conftest.py under the same name,
 so ``from conftest import ...`` could pick tests/ops/conftest.py.)"""
 import gzip
+import importlib.util
 import os
 import platform
 import subprocess
@@ -26,6 +27,16 @@ TINY_ENCODER = [
     "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
     "--encoder-attention-heads", "4",
 ]
+
+
+def load_script(*path):
+    """Import a script that is not part of the package (scripts/, results/, recipes/), from its
+    path relative to the repository root."""
+    file = os.path.join(REPO, *path)
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(file))[0], file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_dict(path, size):

@@ -1,6 +1,5 @@
 """The fairseq command lines with --user-dir: preprocess, train, generate (beam), resume from a
 checkpoint, and the language-model chain with fairseq-eval-lm. Tiny models on shipped data."""
-import importlib.util
 import json
 import math
 import os
@@ -11,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from rfa_test_utils import REPO, USER_DIR, head_gz, multi30k_bin, run_cli
+from rfa_test_utils import REPO, USER_DIR, head_gz, load_script, multi30k_bin, run_cli
 
 TINY = ["--encoder-layers", "1", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
@@ -76,9 +75,7 @@ def test_translation_train_generate_resume(mt_data):
 
 
 def test_redraw_features_keeps_a_linear_encoders_matrices_and_refuses_cross_dims_without_rfa_cross():
-    spec = importlib.util.spec_from_file_location("redraw_features", os.path.join(REPO, "scripts", "redraw_features.py"))
-    redraw_features = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(redraw_features)
+    redraw_features = load_script("scripts", "redraw_features.py")
     encoder, decoder = (f"{part}.layers.0.self_attn.feature_map.random_matrix" for part in ("encoder", "decoder"))
     state = {"cfg": {"model": {"rfa_random_matrix": "orthogonal"}},
              "model": {encoder: torch.zeros(4, 8, 8), decoder: torch.zeros(4, 8, 8)}}

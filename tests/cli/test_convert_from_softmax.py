@@ -3,18 +3,14 @@ model, current and legacy format) become RFA checkpoints with every shared weigh
 fairseq-generate (beam search), fairseq-eval-lm and fairseq-train --finetune-from-model accept;
 non-transformer and already-RFA inputs are refused by name."""
 import argparse
-import importlib.util
-import os
 import re
 
 import pytest
 import torch
 
-from rfa_test_utils import REPO, USER_DIR, multi30k_bin, run_cli
+from rfa_test_utils import USER_DIR, load_script, multi30k_bin, run_cli
 
-SPEC = importlib.util.spec_from_file_location("convert_from_softmax", os.path.join(REPO, "scripts", "convert_from_softmax.py"))
-convert_from_softmax = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(convert_from_softmax)
+convert_from_softmax = load_script("scripts", "convert_from_softmax.py")
 
 DIMS = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
         "--decoder-attention-heads", "4"]

@@ -1,7 +1,6 @@
 """The two study scripts of the stateful LM and conversion results, in tiny configurations: every
 row is recorded once, a second run skips what is recorded, and --report prints the table."""
 import gzip
-import importlib.util
 import json
 import os
 import shutil
@@ -12,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rfa_test_utils import REPO
+from rfa_test_utils import REPO, load_script
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
 
@@ -97,9 +96,7 @@ def test_convert_study_starts_from_the_quality_study(tmp_path):
 def test_convert_study_does_not_start_from_an_unfinished_quality_run(tmp_path):
     """A quality-study run still training (fewer updates saved than --updates) is not copied: the
     copy would repeat the rest of that run."""
-    spec = importlib.util.spec_from_file_location("convert_study", os.path.join(REPO, "results", "convert_study.py"))
-    convert_study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(convert_study)
+    convert_study = load_script("results", "convert_study.py")
     run = tmp_path / "quality" / "final" / "gate_bias2-seed1"
     run.mkdir(parents=True)
     torch.save({"optimizer_history": [{"num_updates": 3}]}, run / "checkpoint_last.pt")

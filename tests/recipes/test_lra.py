@@ -7,7 +7,6 @@ The recipe runs are shared through a module-scoped fixture; each fairseq command
 seconds of start-up, and the file takes about 3 minutes on one core.
 """
 import csv
-import importlib.util
 import os
 import random
 import re
@@ -16,7 +15,8 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rfa_test_utils import REPO, load_script
+
 LRA = os.path.join(REPO, "recipes", "lra")
 BIN = os.path.dirname(sys.executable)
 ATTENTIONS = ("softmax", "rfa", "favor", "lara")
@@ -26,10 +26,7 @@ STEP_STARTED = re.compile(r"step (\S+): start")
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(LRA, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("recipes", "lra", f"{name}.py")
 
 
 listops = load("listops")

@@ -1,19 +1,14 @@
 """results/lra_study.py: the table it reports from recorded runs (ratios to softmax per setting,
 device and thread count), and its refusals."""
-import importlib.util
 import json
-import os
 
 import pytest
 
-from rfa_test_utils import REPO
+from rfa_test_utils import load_script
 
 
 def study():
-    spec = importlib.util.spec_from_file_location("lra_study", os.path.join(REPO, "results", "lra_study.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("results", "lra_study.py")
 
 
 def record(attention, seed, acc, spu, peak, threads=1):

@@ -1,18 +1,13 @@
 """results/quality_study.py: the table it reports from recorded runs, and its refusals."""
-import importlib.util
 import json
-import os
 
 import pytest
 
-from rfa_test_utils import REPO
+from rfa_test_utils import load_script
 
 
 def study():
-    spec = importlib.util.spec_from_file_location("quality_study", os.path.join(REPO, "results", "quality_study.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("results", "quality_study.py")
 
 
 def record(variant, seed, valid, test, spu, threads=2):

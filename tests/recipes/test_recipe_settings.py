@@ -2,7 +2,6 @@
 per task, size, variant and GPU count, the hydra configs against those commands, the batch plan,
 the download/unpack helpers of common.sh, the BLEU tool's tokenisation, and the bash 4.3 rule
 for empty arrays. Fast: no fairseq command runs."""
-import importlib.util
 import os
 import re
 import shlex
@@ -11,7 +10,8 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from rfa_test_utils import REPO, load_script
+
 RECIPES = os.path.join(REPO, "recipes")
 BIN = os.path.dirname(sys.executable)
 TASK_DICTS = {"iwslt14_de_en": ("de", "en"), "wmt14_en_de": ("en", "de"), "wmt14_en_fr": ("en", "fr"),
@@ -24,10 +24,7 @@ REFERENCE_TOKENS = {("iwslt14_de_en", "base"): 4096, ("wmt14_en_de", "base"): 32
 
 
 def load_tool(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(RECIPES, "tools", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("recipes", "tools", f"{name}.py")
 
 
 @pytest.fixture(scope="module")
