@@ -62,6 +62,9 @@ VARIANTS = {
     # RFA-Gate self-attention behind fairseq's softmax cross attention
     "gate_softcross": PLUGIN + ["--rfa-gate", "--cross-attention", "softmax"],
     "rfa_softcross": PLUGIN + ["--cross-attention", "softmax"],
+    # positive features in the self-attention (no denominator clamping) behind softmax cross attention
+    "elu_softcross": PLUGIN + ["--rfa-kernel", "elu"],
+    "gate_elu_softcross": PLUGIN + ["--rfa-gate", "--rfa-kernel", "elu"],
     # linear encoders (issue "Linear-time encoder attention"), behind the default RFA-Gate decoder (softmax cross
     # attention) and behind fairseq's softmax decoder; LARA with 8 landmarks (Multi30k sources are 10-40 tokens)
     **{f"{prefix}enc_{kind}": decoder + ["--encoder-attention", kind] + (["--lara-landmarks", "8"] if kind == "lara" else [])
