@@ -36,6 +36,9 @@ SETTINGS = {
     "screen": dict(layers=2, dim=256, ffn=512, heads=4, updates=600, warmup=150, lr="3e-3"),
     # the final comparison: softmax well trained at this size
     "final": dict(layers=3, dim=256, ffn=1024, heads=4, updates=2000, warmup=400, lr="2e-3"),
+    # transformer-base size (6+6 x 512), trained briefly: the decoding-speed benchmark needs its real
+    # output lengths, not converged weights (RFA models of this size: scripts/convert_from_softmax.py)
+    "base": dict(layers=6, dim=512, ffn=2048, heads=8, updates=400, warmup=200, lr="1e-3"),
 }
 PLUGIN = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en"]
 RFA = PLUGIN + ["--cross-attention", "rfa"]  # the paper's model: RFA cross attention too
