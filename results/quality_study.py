@@ -65,6 +65,8 @@ VARIANTS = {
     # RFA-Gate self-attention behind fairseq's softmax cross attention
     "gate_softcross": PLUGIN + ["--rfa-gate", "--cross-attention", "softmax"],
     "rfa_softcross": PLUGIN + ["--cross-attention", "softmax"],
+    # half the causal state (issue "Decoding real sentences"): D = 32 features instead of 64
+    "gate_softcross_f32": PLUGIN + ["--rfa-gate", "--rfa-causal-feature-dim", "32"],
     # positive features in the self-attention (no denominator clamping) behind softmax cross attention
     "elu_softcross": PLUGIN + ["--rfa-kernel", "elu"],
     "gate_elu_softcross": PLUGIN + ["--rfa-gate", "--rfa-kernel", "elu"],

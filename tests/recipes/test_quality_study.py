@@ -42,3 +42,16 @@ def test_diagnostics_run_where_the_model_has_rfa_modules():
     assert [v for v in q.VARIANTS if not q.has_rfa_modules(v)] == ["softmax", "softdec_enc_lara"]
     assert q.VARIANTS["softdec_enc_rfa"][-2:] == ["--encoder-attention", "rfa"]
     assert "--decoder-attention" not in q.VARIANTS["enc_lara"] and "--rfa-gate" in q.VARIANTS["enc_lara"]
+
+
+def test_every_variant_parses_with_fairseq_train_options():
+    """Each variant's flags are accepted by fairseq-train's own parser, so no run of the queue
+    fails on a misspelt option hours after it was started."""
+    from fairseq import options
+    q = study()
+    for variant, flags in q.VARIANTS.items():
+        parser = options.get_training_parser()
+        args = options.parse_args_and_arch(parser, ["data-bin", *flags])
+        assert args.arch in ("transformer_iwslt_de_en", "rfa_transformer_iwslt_de_en"), variant
+    f32 = options.parse_args_and_arch(options.get_training_parser(), ["data-bin", *q.VARIANTS["gate_softcross_f32"]])
+    assert f32.rfa_causal_feature_dim == 32 and f32.rfa_gate
