@@ -5,6 +5,7 @@ update and peak memory, as ratios to softmax. A resumable queue of training runs
     python results/lra_study.py --setting tiny --attentions softmax rfa favor lara --seeds 1
     python results/lra_study.py --setting lra --seeds 1 2 3          # LRA's ListOps (a GPU)
     python results/lra_study.py --report                             # the table of what is recorded
+    python results/lra_study.py --setting long --updates 20 --cpu   # time per update only (a group of its own)
 
 Every run generates (once per setting) ListOps with recipes/lra/listops.py, binarises it with
 recipes/lra/prepare.sh, trains the classifier with fairseq-train (sentence_prediction task),
@@ -108,9 +109,10 @@ def train_threads() -> int:
     return int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
 
 
-def one_run(attention: str, setting: str, seed: int, data: Path, work: Path, on_gpu: bool) -> dict:
-    s = SETTINGS[setting]
-    out = work / setting / f"{attention}-seed{seed}"
+def one_run(attention: str, setting: str, seed: int, data: Path, work: Path, on_gpu: bool, updates: int) -> dict:
+    s = {**SETTINGS[setting], "updates": updates}
+    # a run cut short (--updates) has its own folder: a full run must not resume from it
+    out = work / setting / (f"{attention}-seed{seed}" + ("" if updates == SETTINGS[setting]["updates"] else f"-u{updates}"))
     out.mkdir(parents=True, exist_ok=True)
     timing = out / "timing.json"  # written once training has finished
     device = [] if on_gpu else ["--cpu"]
@@ -167,7 +169,10 @@ def report(records):
     update and peak memory, each also as a ratio to softmax's in the same group."""
     groups = {}
     for r in records:
-        groups.setdefault((r["setting"], r["device"], r["train_threads"]), {}).setdefault(r["attention"], []).append(r)
+        label = r["setting"]
+        if r.get("updates", SETTINGS[r["setting"]]["updates"]) != SETTINGS[r["setting"]]["updates"]:
+            label += f", {r['updates']} updates"  # a timing probe (--updates): a group of its own
+        groups.setdefault((label, r["device"], r["train_threads"]), {}).setdefault(r["attention"], []).append(r)
     print("| setting | device, threads | attention | seeds | test accuracy (mean, min-max) | best valid | "
           "s/update (x softmax) | peak MB (x softmax) |")
     print("|---|---|---|---|---|---|---|---|")
@@ -197,6 +202,8 @@ def main(argv=None):
     p.add_argument("--seeds", nargs="+", type=int, default=[1])
     p.add_argument("--out", type=Path, default=ROOT / "results/lra_study.jsonl")
     p.add_argument("--work", type=Path, default=ROOT / "work/lra_study")
+    p.add_argument("--updates", type=int, default=None,
+                   help="train this many updates instead of the setting's (a timing probe; recorded as its own group)")
     p.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU is seen")
     p.add_argument("--report", action="store_true", help="print the recorded results and stop")
     args = p.parse_args(argv)
@@ -206,17 +213,20 @@ def main(argv=None):
     if args.report:
         report(load(args.out))
         return
+    updates = SETTINGS[args.setting]["updates"] if args.updates is None else args.updates
+    if updates < 1:
+        p.error(f"--updates must be at least 1, got {updates}")
     args.work.mkdir(parents=True, exist_ok=True)
     data = prepare(args.setting, args.work)
     on_gpu = not args.cpu and gpu()
     for seed in args.seeds:
         for attention in args.attentions:
-            done = {(r["attention"], r["setting"], r["seed"]) for r in load(args.out)}
-            if (attention, args.setting, seed) in done:
+            done = {(r["attention"], r["setting"], r["seed"], r.get("updates")) for r in load(args.out)}
+            if (attention, args.setting, seed, updates) in done:
                 print(f"[lra-study] {args.setting} {attention} seed {seed}: recorded, skipped", flush=True)
                 continue
             print(f"[lra-study] {args.setting} {attention} seed {seed}: running", flush=True)
-            record = one_run(attention, args.setting, seed, data, args.work, on_gpu)
+            record = one_run(attention, args.setting, seed, data, args.work, on_gpu, updates)
             with open(args.out, "a") as f:
                 f.write(json.dumps(record) + "\n")
             print(f"[lra-study] {args.setting} {attention} seed {seed}: test accuracy {record['test_accuracy']}, "

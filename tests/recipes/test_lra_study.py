@@ -36,3 +36,21 @@ def test_unknown_attention_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         study().main(["--attentions", "rfa", "linformer"])
     assert "linformer" in capsys.readouterr().err
+
+
+def test_a_shortened_run_is_reported_apart(tmp_path, capsys):
+    out = tmp_path / "study.jsonl"
+    probe = dict(record("softmax", 1, 17.0, 9.0, 900), updates=20)
+    rows = [dict(record("softmax", 1, 40.0, 0.2, 500), updates=400), probe, dict(probe, attention="lara", s_per_update=3.0)]
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    study().main(["--report", "--out", str(out)])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny")]
+    assert lines == ["| tiny | cpu, 1 | softmax | 1 | 40.0 | 41.0 | 0.200 (1.00x) | 500 (1.00x) |",
+                     "| tiny, 20 updates | cpu, 1 | softmax | 1 | 17.0 | 18.0 | 9.000 (1.00x) | 900 (1.00x) |",
+                     "| tiny, 20 updates | cpu, 1 | lara | 1 | 17.0 | 18.0 | 3.000 (0.33x) | 900 (1.00x) |"]
+
+
+def test_updates_below_one_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        study().main(["--updates", "0", "--work", str(tmp_path), "--out", str(tmp_path / "s.jsonl")])
+    assert "--updates must be at least 1" in capsys.readouterr().err
