@@ -8,9 +8,8 @@ from dataclasses import dataclass, field, fields
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
-from .modules.causal_rfa_attention import GATE_FORMS
 from .modules.encoder_attention import ENCODER_ATTENTIONS
-from .ops.causal_rfa import DEFAULT_CHUNK_SIZE
+from .ops.causal_rfa import DEFAULT_CHUNK_SIZE, GATE_FORMS
 
 
 @dataclass

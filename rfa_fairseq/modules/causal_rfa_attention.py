@@ -20,13 +20,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..ops import chunk_causal_rfa, pack_state, recurrent_causal_rfa_step, unpack_state
-from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE
+from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, GATE_FORMS
 from ..ops.denominator import DEFAULT_EPS
 from .heads import merge_heads, split_heads
 from .random_feature_map import RandomFeatureMap
 from .rfa_attention_base import IncrementalState, RFAttentionBase, init_projection
-
-GATE_FORMS = ("convex", "decay")
 
 
 class CarriedState:
