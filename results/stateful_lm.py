@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""Language models on the WikiText-103 text in ../shared/data (its valid and test files split by
+article into train / valid / test): softmax, RFA, RFA-Gate, and RFA-Gate trained with its state
+carried across updates (--task rfa_stateful_lm).
+
+    python results/stateful_lm.py --seeds 1             # the five variants at the small setting
+    python results/stateful_lm.py --report
+
+The text is small and every model overfits within the budget: the checkpoint scored is the best on
+valid (checkpoint_best.pt; the record says its update). Test perplexity of blocks alone; of the RFA
+models also with the state carried through the test split; of softmax also with fairseq's sliding
+window (half a block of context).
+"""
+import re
+import sys
+from pathlib import Path
+
+from runner import BIN, ROOT, eval_lm, main, run, train, valid_scores
+
+NAME, OUT, WORK = "stateful_lm", "results/stateful_lm.jsonl", "work/stateful_lm_study"
+# 16 rows of `block` tokens per update
+SETTINGS = {"small": dict(layers=4, dim=256, heads=4, cutoffs="3000,10000", block=256, rows=16, updates=500,
+                          warmup=100, lr="2e-3")}
+METRICS = [("best valid ppl", "valid_ppl_best", 2), ("at update", "best_update", 0),
+           ("test ppl, blocks alone", "test_ppl_blocks", 2), ("with state", "test_ppl_stateful", 2),
+           ("sliding window", "test_ppl_sliding", 2), ("train s", "train_s", 1)]
+RFA = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_lm"]
+VARIANTS = {  # (training task, flags)
+    "softmax": ("language_modeling", ["--user-dir", "rfa_fairseq", "--arch", "transformer_lm"]),
+    "rfa_gate": ("language_modeling", RFA + ["--rfa-gate"]),
+    "rfa": ("language_modeling", RFA),
+    "rfa_gate_stateful": ("rfa_stateful_lm", RFA + ["--rfa-gate"]),
+    # 8 groups of 16 streams take turns, so successive updates read different articles
+    "rfa_gate_stateful_g8": ("rfa_stateful_lm", RFA + ["--rfa-gate", "--stream-groups", "8"]),
+}
+
+
+def add_args(p):
+    p.add_argument("--source", type=Path, default=ROOT.parent / "shared/data/wikitext103-eval",
+                   help="a folder with wiki.valid.tokens and wiki.test.tokens (default %(default)s)")
+
+
+def prepare(a):
+    """Article i of wiki.valid.tokens + wiki.test.tokens (a heading " = Title = " starts one) goes to
+    valid if i % 10 == 3, to test if i % 10 == 7, else to train; binarised into --work/bin."""
+    data, text = a.work / "bin", a.work / "text"
+    if not (data / "dict.txt").exists():
+        text.mkdir(parents=True, exist_ok=True)
+        lines = [line for name in ("valid", "test") for line in (a.source / f"wiki.{name}.tokens").open(encoding="utf-8")]
+        split = {"train": [], "valid": [], "test": []}
+        article, size = 0, 0  # the article's index, its lines so far
+        for line in lines:
+            if re.match(r"^ = [^=].* = $", line.rstrip("\n")) and size:
+                article, size = article + 1, 0
+            size += 1
+            split["valid" if article % 10 == 3 else "test" if article % 10 == 7 else "train"].append(line)
+        for name, part in split.items():
+            (text / f"{name}.tokens").write_text("".join(part), encoding="utf-8")
+        run([BIN / "fairseq-preprocess", "--only-source", "--trainpref", text / "train.tokens", "--validpref",
+             text / "valid.tokens", "--testpref", text / "test.tokens", "--destdir", data, "--workers", "1"],
+            a.work / "preprocess.log")
+    return data
+
+
+def rows(task, s) -> list:
+    return ["--batch-size", s["rows"]] if task == "rfa_stateful_lm" else ["--max-tokens", s["rows"] * s["block"]]
+
+
+def run_one(variant, s, seed, data, out, a) -> dict:
+    task, arch = VARIANTS[variant]
+    record = train([data, "--task", task, *arch, "--decoder-layers", s["layers"], "--decoder-embed-dim", s["dim"],
+                    "--decoder-ffn-embed-dim", 4 * s["dim"], "--decoder-attention-heads", s["heads"],
+                    "--adaptive-softmax-cutoff", s["cutoffs"], "--criterion", "adaptive_loss", "--dropout", "0.2",
+                    "--tokens-per-sample", s["block"], "--ddp-backend", "legacy_ddp", "--optimizer", "adam",
+                    "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0", "--lr", s["lr"], "--lr-scheduler",
+                    "inverse_sqrt", "--warmup-updates", s["warmup"], *rows(task, s), "--seed", seed, "--log-interval", "50"],
+                   out, s["updates"], a)
+    # the validation perplexities (base 2, fairseq's log) and the update of the best, the one scored
+    valid = [(v["ppl"], int(v["num_updates"])) for v in valid_scores((out / "train.log").read_text())]
+    if valid:
+        record["valid_ppl_best"], record["best_update"] = min(valid)
+    record["train_task"] = task
+    ckpt, block = out / "checkpoint_best.pt", ["--tokens-per-sample", s["block"]]
+    record["test_ppl_blocks"] = eval_lm(data, ckpt, out / "eval_blocks.log", a, *block, *rows("language_modeling", s))
+    if variant == "softmax":
+        record["test_ppl_sliding"] = eval_lm(data, ckpt, out / "eval_sliding.log", a, *block, *rows("language_modeling", s),
+                                             "--context-window", s["block"] // 2)
+    else:
+        record["test_ppl_stateful"] = eval_lm(data, ckpt, out / "eval_stateful.log", a, *block, "--batch-size", "1",
+                                              "--task", "rfa_stateful_lm")
+    return record
+
+
+if __name__ == "__main__":
+    main(sys.modules[__name__])
