@@ -4,9 +4,10 @@ Drop-in for fairseq's MultiheadAttention in a decoder layer's ``self_attn`` slot
 signature). Layout: Time x Batch x Channel in and out. Causality is structural (the recurrence
 only looks back), so the decoder's future mask adds nothing and is only checked for shape.
 
-Incremental decoding keeps one recurrent state per layer, ``S [B, H, F, K]`` and ``z [B, H, F]``
-packed as one fp32 tensor ``[S | z]`` of shape ``[B, H, F, K + 1]`` (``ops.causal_rfa.recurrent``):
-its size does not depend on how many tokens have been decoded.
+Incremental decoding keeps one state per layer, ``S [B, H, F, K]`` and ``z [B, H, F]`` packed as
+one fp32 tensor ``[S | z]`` of shape ``[B, H, F, K + 1]`` (the layout of every op in ``ops``): its
+size does not depend on how many tokens have been decoded. It lives in fairseq's incremental
+state as ``{"state": ..., "reorder_buffer": ...}`` under this module's key.
 
 A stateful language model (``tasks/stateful_lm.py``) gives each module a :class:`CarriedState`:
 whole-sequence calls then start from the state the previous block of the same text left behind
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..ops import chunk_causal_rfa, pack_state, recurrent_causal_rfa_step, unpack_state
+from ..ops import chunk_causal_rfa, recurrent_causal_rfa_step
 from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, GATE_FORMS
 from ..ops.denominator import DEFAULT_EPS
 from .heads import merge_heads, split_heads
@@ -30,7 +31,7 @@ from .rfa_attention_base import IncrementalState, RFAttentionBase, init_projecti
 class CarriedState:
     """The state a stateful language model carries from one block of its text streams to the next.
 
-    ``state``: the packed ``Sz [B, H, F, K + 1]`` (fp32, detached; one row per stream) left by the
+    ``state``: the state ``[B, H, F, K + 1]`` (fp32, detached; one row per stream) left by the
     last block, or None before the first. ``random_matrix``: the feature map's draw the state was
     built with. phi(q) can only read a state written with phi(k) of the same draw (with two
     independent draws the sum of phi(q).phi(k) estimates no kernel), so while a state is carried
@@ -60,7 +61,7 @@ class CausalRFAttention(RFAttentionBase):
             the heads' size). Decoding is not affected.
     """
 
-    STATE_KEY = "rfa_state"
+    STATE_KEY = "causal_rfa"
 
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, gate: bool = False,
                  bias: bool = True, eps: float = DEFAULT_EPS, chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -75,6 +76,7 @@ class CausalRFAttention(RFAttentionBase):
             init_projection(self.gate_proj)
             nn.init.constant_(self.gate_proj.bias, gate_bias)
         self.carry: Optional[CarriedState] = None  # set by a stateful task, see CarriedState
+        self.beam_size = 1  # hypotheses per sentence: fairseq's generator says so for beams above 1
 
     def _heads(self, x: Tensor, key_padding_mask: Optional[Tensor]):
         """The heads ``q, k, v [B, H, T, K]`` (before the feature map), ``log g [B, H, T]`` (or
@@ -109,18 +111,24 @@ class CausalRFAttention(RFAttentionBase):
         return q, k, v, log_g
 
     def _chunked(self, q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor], pad: Optional[Tensor],
-                 random_matrix: Optional[Tensor] = None, initial_state: Optional[Tensor] = None,
-                 output_final_state: bool = False):
-        """The whole sequence at once (training, scoring): features, then the chunked form.
-        ``initial_state``: a packed ``Sz`` to start from; with ``output_final_state`` the packed
-        final state is returned too, as ``(out, Sz)``."""
+                 random_matrix: Optional[Tensor] = None, state: Optional[Tensor] = None, return_state: bool = False):
+        """Heads in, attention out: features, then the chunked form from ``state`` (or zeros);
+        with ``return_state``, ``(out, the final state)``."""
         q, k = self._features(q, k, pad, random_matrix)
-        result = chunk_causal_rfa(q, k, v, log_g, initial_state=None if initial_state is None else unpack_state(initial_state),
-                                  output_final_state=output_final_state, eps=self.eps, chunk_size=self.chunk_size,
-                                  convex=self.convex)
-        if output_final_state:
-            return result[0], pack_state(*result[1])
-        return result
+        return chunk_causal_rfa(q, k, v, log_g, state=state, return_state=return_state, eps=self.eps,
+                                chunk_size=self.chunk_size, convex=self.convex)
+
+    def _whole(self, q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor], pad: Optional[Tensor],
+               random_matrix: Optional[Tensor] = None, state: Optional[Tensor] = None, return_state: bool = False):
+        """The whole sequence at once (training, scoring): :meth:`_chunked`, or with ``recompute``
+        under autograd the same through a checkpoint that keeps only the heads for the backward
+        pass (the features are computed again there, from a copy of this step's random matrix)."""
+        if not (self.recompute and torch.is_grad_enabled()):
+            return self._chunked(q, k, v, log_g, pad, random_matrix, state, return_state)
+        if random_matrix is None:
+            random_matrix = self.feature_map.matrix_for_recompute()
+        return checkpoint(self._chunked, q, k, v, log_g, pad, random_matrix, state, return_state,
+                          use_reentrant=False, preserve_rng_state=False)
 
     def forward(
         self,
@@ -137,49 +145,47 @@ class CausalRFAttention(RFAttentionBase):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad).
 
-        Returns ``([T, B, C], None)``: RFA has no attention matrix to return for
-        self-attention (``need_weights`` is accepted for compatibility and yields None).
+        Three modes: a decoding step (``incremental_state``), a block of a carried stream
+        (``self.carry``, set by a stateful task), or a whole sequence. Returns ``([T, B, C], None)``:
+        RFA has no attention matrix to return for self-attention (``need_weights`` is accepted for
+        compatibility and yields None).
         """
         if (key is not None and key is not query) or (value is not None and value is not query):
             raise ValueError("CausalRFAttention is self-attention: key and value must be the query tensor")
         if static_kv or before_softmax:
             raise ValueError("CausalRFAttention supports neither static_kv nor before_softmax")
-        T, B, _ = query.shape
+        T = query.size(0)
         if attn_mask is not None and tuple(attn_mask.shape[-2:]) != (T, T):
             raise ValueError(f"attn_mask must be the {T}x{T} causal mask, got shape {tuple(attn_mask.shape)}")
         if incremental_state is not None:
             out = self._decode(incremental_state, *self._project(query, key_padding_mask))
-            return self.out_proj(merge_heads(out)), None
-        q, k, v, log_g, pad = self._heads(query, key_padding_mask)
-        carry = self.carry
-        matrix = initial = None
-        if carry is not None:
-            if carry.state is None:
-                carry.random_matrix = self.feature_map.matrix_for_recompute()  # this step's draw
-            elif carry.state.size(0) != B:
-                raise ValueError(f"the carried RFA state has {carry.state.size(0)} rows but this batch has {B}: "
-                                 "each row of a stateful batch continues one text stream")
-            matrix, initial = carry.random_matrix, carry.state
-        if self.recompute and torch.is_grad_enabled():
-            # Keep only the heads for the backward pass and compute the features and the
-            # chunked form again there (see ``recompute``).
-            if matrix is None:
-                matrix = self.feature_map.matrix_for_recompute()
-            out = checkpoint(self._chunked, q, k, v, log_g, pad, matrix, initial, carry is not None,
-                             use_reentrant=False, preserve_rng_state=False)
+        elif self.carry is not None:
+            out = self._continue_streams(*self._heads(query, key_padding_mask))
         else:
-            out = self._chunked(q, k, v, log_g, pad, matrix, initial, carry is not None)
-        if carry is not None:
-            out, final = out
-            carry.state = final.detach()
+            out = self._whole(*self._heads(query, key_padding_mask))
         return self.out_proj(merge_heads(out)), None
+
+    def _continue_streams(self, q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor],
+                          pad: Optional[Tensor]) -> Tensor:
+        """A block of each carried stream: start from the state the previous block left and leave
+        this block's final state, detached, with the random draw it was written with (see
+        :class:`CarriedState`)."""
+        carry = self.carry
+        if carry.state is None:
+            carry.random_matrix = self.feature_map.matrix_for_recompute()  # this step's draw
+        elif carry.state.size(0) != q.size(0):
+            raise ValueError(f"the carried RFA state has {carry.state.size(0)} rows but this batch has {q.size(0)}: "
+                             "each row of a stateful batch continues one text stream")
+        out, state = self._whole(q, k, v, log_g, pad, carry.random_matrix, carry.state, return_state=True)
+        carry.state = state.detach()
+        return out
 
     def _decode(self, incremental_state: IncrementalState, q: Tensor, k: Tensor, v: Tensor,
                 log_g: Optional[Tensor]) -> Tensor:
-        """Advance this layer's recurrent state by the new tokens and read them out: one token by
-        the recurrent step, several (a prompt) by the chunked form from the state so far."""
-        saved = self._get_input_buffer(incremental_state)
-        state = saved.get("state")
+        """Advance this layer's state by the new tokens (their features ``q``, ``k``) and read them
+        out: one token by the recurrent step, several (a prompt) by the chunked form."""
+        buffer = self._get_input_buffer(incremental_state)
+        state = buffer.get("state")
         if q.size(2) == 1:
             # The state was made by this module (a step, the chunked form or a reorder's gather),
             # so without autograd it is ours to update in place.
@@ -188,43 +194,44 @@ class CausalRFAttention(RFAttentionBase):
                                                  eps=self.eps, inplace=not torch.is_grad_enabled(), convex=self.convex)
             out = o.unsqueeze(2)
         else:
-            out, final = chunk_causal_rfa(q, k, v, log_g, initial_state=None if state is None else unpack_state(state),
-                                          output_final_state=True, eps=self.eps, chunk_size=self.chunk_size,
-                                          convex=self.convex)
-            state = pack_state(*final)
-        saved["state"] = state
-        self._set_input_buffer(incremental_state, saved)
+            out, state = chunk_causal_rfa(q, k, v, log_g, state=state, return_state=True, eps=self.eps,
+                                          chunk_size=self.chunk_size, convex=self.convex)
+        buffer["state"] = state
+        self._set_input_buffer(incremental_state, buffer)
         return out
+
+    def set_beam_size(self, beam_size: int):
+        """Called through the model by fairseq's SequenceGenerator (see reorder_incremental_state)."""
+        self.beam_size = beam_size
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """Beam search: keep the state rows that the surviving hypotheses continue.
 
         As fairseq's MultiheadAttention does for its key/value cache, but without autograd the
-        rows are gathered into a spare buffer kept beside the state (the two then swap roles), so
-        a decoding step allocates no new state-sized memory; the identity order copies nothing.
-        When finished sentences shrink the batch, the smaller state is gathered into the front of
-        the larger spare buffer, so shrinking allocates nothing either (a fresh state-sized tensor
-        is mapped and zeroed page by page by the operating system).
+        rows are gathered into a buffer kept beside the state (the two then swap roles), so a
+        decoding step allocates no new state-sized memory. When finished sentences shrink the
+        batch, the smaller state is gathered into the front of the larger buffer, so shrinking
+        allocates nothing either (a fresh state-sized tensor is mapped and zeroed page by page by
+        the operating system). With one hypothesis per sentence (beam 1, as fairseq's generator
+        says through ``set_beam_size``) an order that keeps the batch size keeps every row where
+        it is, and nothing is copied; the order itself is never read on the host.
         """
-        saved = self._get_input_buffer(incremental_state)
-        state = saved.get("state")
+        buffer = self._get_input_buffer(incremental_state)
+        state = buffer.get("state")
         if state is None:
             return incremental_state
         rows = new_order.numel()
-        if rows == state.size(0) and torch.equal(new_order, torch.arange(rows, device=new_order.device)):
+        if self.beam_size == 1 and rows == state.size(0):
             return incremental_state
         if torch.is_grad_enabled() or state.requires_grad:
-            saved["state"] = state.index_select(0, new_order)
-            saved.pop("spare", None)
+            buffer["state"] = state.index_select(0, new_order)
+            buffer.pop("reorder_buffer", None)
         else:
-            spare = saved.pop("spare", None)  # flat: memory for at least as many rows as the state had
-            shape = (rows,) + tuple(state.shape[1:])
+            memory = buffer.pop("reorder_buffer", None)  # flat: room for at least as many rows as the state had
             numel = rows * state[0].numel()
-            if spare is None or spare.numel() < numel:
-                spare = state.new_empty(numel)
-            new_state = spare[:numel].view(shape)
-            torch.index_select(state, 0, new_order, out=new_state)
-            saved["state"] = new_state
-            saved["spare"] = state.reshape(-1)  # the old rows are no longer needed
-        self._set_input_buffer(incremental_state, saved)
+            if memory is None or memory.numel() < numel:
+                memory = state.new_empty(numel)
+            buffer["state"] = torch.index_select(state, 0, new_order, out=memory[:numel].view((rows,) + state.shape[1:]))
+            buffer["reorder_buffer"] = state.reshape(-1)  # the old rows are no longer needed
+        self._set_input_buffer(incremental_state, buffer)
         return incremental_state

@@ -1,16 +1,17 @@
 """CrossRFAttention: RFA for the decoder's attention over the encoder output.
 
 Drop-in for fairseq's MultiheadAttention in a decoder layer's ``encoder_attn`` slot. Layout:
-Time x Batch x Channel. In decoding the source is summarised once into ``Sz = [S | z]``
+Time x Batch x Channel. In decoding the source is summarised once into a state ``[S | z]``
 ``[Bs, H, F, K + 1]`` (padding excluded), read at O(F K) per query and head. A whole target at
 once (training, scoring) takes whichever of that summary and the ``[Tq, S]`` feature products
 costs fewer multiply-adds (``ops.quadratic_is_cheaper``): the same numbers either way. Where the
 attention weights are asked for, the keys' features are kept and give both.
 
-Beam search (fairseq's SequenceGenerator calls ``set_beam_size``): the encoder output is
-repeated ``beam`` times, sentence-major, so the state is computed from one copy per sentence
-and the queries of a sentence's beams are grouped onto it. Reordering is then a no-op while
-the batch keeps its sentences, and an index by sentence when finished sentences are dropped.
+Beam search: fairseq's SequenceGenerator calls ``set_beam_size`` and repeats the encoder output
+``beam`` times, sentence-major. The state is then computed from one copy per sentence and the
+queries of a sentence's beams are grouped onto it; reordering is a no-op while the batch keeps its
+sentences, and an index by sentence when finished sentences are dropped. The module trusts that
+layout (it is told, not checked: checking would compare tensors on the host at every source).
 """
 from typing import Dict, Optional, Tuple
 
@@ -39,7 +40,7 @@ class CrossRFAttention(RFAttentionBase):
         norm_rescale: weight each key's features by ``exp(|k|^2 / 2K)`` (``ops.key_norm_weights``).
     """
 
-    STATE_KEY = "rfa_cross_state"
+    STATE_KEY = "cross_rfa"
 
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, kdim: Optional[int] = None,
                  bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False, abs_denominator: bool = False,
@@ -49,42 +50,32 @@ class CrossRFAttention(RFAttentionBase):
         self.beam_size = 1
 
     def set_beam_size(self, beam_size: int):
-        """Called through the decoder by fairseq's SequenceGenerator."""
+        """Called through the model by fairseq's SequenceGenerator."""
         self.beam_size = beam_size
-
-    def _rows_per_source(self, key: Tensor, key_padding_mask: Optional[Tensor], batch: int) -> int:
-        """``beam`` if the encoder output holds each sentence ``beam`` times in a row (fairseq's
-        generator layout), else 1. Checked once per source batch, so a caller that set a beam size
-        but passes other rows is still computed per row, correctly."""
-        beam = self.beam_size
-        if beam <= 1 or batch % beam != 0 or key.size(1) != batch:
-            return 1
-        grouped = key.reshape(key.size(0), batch // beam, beam, -1)
-        if not torch.equal(grouped, grouped[:, :, :1].expand_as(grouped)):
-            return 1
-        if key_padding_mask is not None:
-            m = key_padding_mask.reshape(batch // beam, beam, -1)
-            if not torch.equal(m, m[:, :1].expand_as(m)):
-                return 1
-        return beam
 
     def _source_state(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], rows: int,
                       keep_keys: bool) -> Dict[str, Optional[Tensor]]:
-        """What the queries read (from one copy of each source when ``rows`` > 1): the summary
-        ``Sz``, or, where the attention weights are asked for (``keep_keys``), the keys' features
-        ``k`` with the values ``v`` and the padding mask, which give both the weights and the output."""
+        """What the queries read, from one copy of each source (every ``rows``-th row): the
+        ``state``, or, where the attention weights are asked for (``keep_keys``), the keys'
+        features ``k`` with the values ``v`` and the padding mask, which give both the weights and
+        the output."""
         if rows > 1:
             key, value = key[:, ::rows], value[:, ::rows]
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask[::rows]
         k = self._key_features(split_heads(self.k_proj(key), self.num_heads), key_padding_mask)
         v = split_heads(self.v_proj(value), self.num_heads)
-        saved: Dict[str, Optional[Tensor]] = {"rows_per_source": torch.tensor([rows])}
         if keep_keys:
-            saved.update(k=k, v=v, key_padding_mask=key_padding_mask)
-        else:
-            saved["Sz"] = cross_rfa_state(k, v, key_padding_mask, packed=True)
-        return saved
+            return {"k": k, "v": v, "key_padding_mask": key_padding_mask}
+        return {"state": cross_rfa_state(k, v, key_padding_mask)}
+
+    def _rows_per_source(self, batch: int) -> int:
+        """How many consecutive rows of a decoding batch share one source: fairseq's beam."""
+        beam = self.beam_size
+        if beam > 1 and batch % beam != 0:
+            raise ValueError(f"beam search with beam {beam} needs a batch of whole sentences (a multiple of {beam} "
+                             f"rows, each sentence's beams side by side), got {batch} rows")
+        return beam
 
     def forward(
         self,
@@ -126,15 +117,15 @@ class CrossRFAttention(RFAttentionBase):
         if saved is None or (need_weights and "k" not in saved):
             if key is None:
                 raise ValueError("CrossRFAttention needs the encoder output on the first step")
-            rows = self._rows_per_source(key, key_padding_mask, B) if incremental_state is not None else 1
+            rows = self._rows_per_source(B) if incremental_state is not None else 1
             saved = self._source_state(key, value if value is not None else key, key_padding_mask, rows,
                                        keep_keys=need_weights)
             if incremental_state is not None:
                 self._set_input_buffer(incremental_state, saved)
         q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
         guard = dict(eps=self.eps, absolute=self.abs_denominator)
-        if "Sz" in saved:
-            out = cross_rfa_apply(q, saved["Sz"], out_dtype=query.dtype, **guard)
+        if "state" in saved:
+            out = cross_rfa_apply(q, saved["state"], out_dtype=query.dtype, **guard)
         else:
             out = cross_rfa_quadratic(q, saved["k"], saved["v"], saved["key_padding_mask"], out_dtype=query.dtype,
                                       **guard)
@@ -155,8 +146,8 @@ class CrossRFAttention(RFAttentionBase):
         if quadratic_is_cheaper(k.shape[2], phi_q.shape[-1], v.shape[-1], Tq=q.shape[2]):
             return cross_rfa_quadratic(phi_q, phi_k, v, key_padding_mask, eps=self.eps, out_dtype=out_dtype,
                                        absolute=self.abs_denominator)
-        Sz = cross_rfa_state(phi_k, v, key_padding_mask, packed=True)
-        return cross_rfa_apply(phi_q, Sz, eps=self.eps, out_dtype=out_dtype, absolute=self.abs_denominator)
+        return cross_rfa_apply(phi_q, cross_rfa_state(phi_k, v, key_padding_mask), eps=self.eps, out_dtype=out_dtype,
+                               absolute=self.abs_denominator)
 
     def _key_features(self, k: Tensor, key_padding_mask: Optional[Tensor],
                       random_matrix: Optional[Tensor] = None) -> Tensor:
@@ -168,17 +159,14 @@ class CrossRFAttention(RFAttentionBase):
         saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
         if saved is None:
             return incremental_state
-        rows = int(saved["rows_per_source"][0])
-        num_sources = (saved["Sz"] if "Sz" in saved else saved["k"]).size(0)
+        rows = self.beam_size
+        num_sources = next(iter(saved.values())).size(0)
         if rows > 1:
             if num_sources * rows == new_order.numel():
                 return incremental_state  # beams were reordered within their sentences
             index = new_order.reshape(-1, rows)[:, 0] // rows
         else:
             index = new_order
-        saved = {
-            name: (t if name == "rows_per_source" or t is None else t.index_select(0, index))
-            for name, t in saved.items()
-        }
+        saved = {name: None if t is None else t.index_select(0, index) for name, t in saved.items()}
         self._set_input_buffer(incremental_state, saved)
         return incremental_state

@@ -51,12 +51,13 @@ def test_chunked_causal_rfa_on_the_device_matches_the_naive_loop(gated):
     def run(fn, ts):
         q_, k_, v_ = ts[:3]
         g_ = ts[3] if gated else None
-        out, (S, z) = fn(q_, k_, v_, g_)
+        out, state = fn(q_, k_, v_, g_)
+        S, z = state[..., :-1], state[..., -1]
         (out.sum() + S.sum() + z.sum()).backward()
         return out, S, z
 
-    out_r, S_r, z_r = run(lambda *a: naive_causal_rfa(*a, output_final_state=True), ref_inputs)
-    out_d, S_d, z_d = run(lambda *a: chunk_causal_rfa(*a, output_final_state=True, chunk_size=16), dev_inputs)
+    out_r, S_r, z_r = run(lambda *a: naive_causal_rfa(*a, return_state=True), ref_inputs)
+    out_d, S_d, z_d = run(lambda *a: chunk_causal_rfa(*a, return_state=True, chunk_size=16), dev_inputs)
     assert out_d.device.type == DEVICE.type
     for got, ref in ((out_d, out_r), (S_d, S_r), (z_d, z_r)):
         torch.testing.assert_close(got.detach().cpu().double(), ref.detach(), rtol=1e-4, atol=1e-5)
@@ -72,7 +73,7 @@ def test_cross_rfa_on_the_device_matches_the_naive_loop():
     pad = torch.zeros(B, S, dtype=torch.bool)
     pad[1, -3:] = True
     ref = naive_cross_rfa(q, k, v, pad)
-    state = cross_rfa_state(k.float().to(DEVICE), v.float().to(DEVICE), pad.to(DEVICE), packed=True)
+    state = cross_rfa_state(k.float().to(DEVICE), v.float().to(DEVICE), pad.to(DEVICE))
     got = cross_rfa_apply(q.float().to(DEVICE), state)
     torch.testing.assert_close(got.cpu().double(), ref, rtol=1e-4, atol=1e-5)
 

@@ -55,6 +55,30 @@ def test_beam_hypotheses_rescored_by_full_forward(translation_model, extra):
     assert len(lengths) > 1, "hypotheses of one length do not exercise finished-sentence removal"
 
 
+@pytest.mark.parametrize("extra", [pytest.param([], id="rfa"), pytest.param(["--rfa-gate"], id="rfa-gate")])
+def test_lm_beam_hypotheses_rescored_by_full_forward(lm_model, extra):
+    """Language-model beam search continues prompts: the generator tells the model its beam, so
+    every reorder moves the state rows (with beam 1 a same-size reorder is the identity)."""
+    task, model = lm_model(*extra)
+    model.eval()
+    prompts = random_tokens(task.dictionary, 3, 4, torch.Generator().manual_seed(3))
+    sample = {"id": torch.arange(3), "net_input": {"src_tokens": prompts, "src_lengths": torch.full((3,), 4)}}
+    with torch.no_grad():
+        model.decoder.output_projection.weight[task.dictionary.eos()] *= 3.0
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=20, min_len=1)
+    assert all(m.beam_size == 4 for m in model.decoder.modules() if hasattr(m, "beam_size"))
+    with torch.no_grad():
+        hypos = gen.forward(sample, prefix_tokens=prompts)
+        for row, nbest in enumerate(hypos):
+            assert len(nbest) == 4
+            for hypo in nbest:
+                tokens = hypo["tokens"].unsqueeze(0)
+                prev = torch.cat([tokens.new_tensor([[task.dictionary.eos()]]), tokens[:, :-1]], dim=1)
+                lprobs = model.get_normalized_probs(model(prev), log_probs=True)
+                rescored = lprobs[0].gather(-1, tokens[0].unsqueeze(-1)).squeeze(-1)
+                assert (rescored - hypo["positional_scores"]).abs().max().item() <= 1e-4
+
+
 def test_cross_state_not_copied_per_beam(translation_model):
     task, model = translation_model()
     model.eval()
@@ -66,7 +90,7 @@ def test_cross_state_not_copied_per_beam(translation_model):
     def spy(*args, **kwargs):
         out = original(*args, **kwargs)
         inc = kwargs.get("incremental_state")
-        states.append({k: v["Sz"] if "Sz" in v else v["k"] for k, v in inc.items() if "rfa_cross_state" in k})
+        states.append({k: v["state"] if "state" in v else v["k"] for k, v in inc.items() if k.endswith(".cross_rfa")})
         return out
 
     model.decoder.forward = spy

@@ -123,7 +123,7 @@ def test_cross_module_attention_weights():
 def _cross_state(saved):
     """The per-sentence tensors of a cross-attention decoding state (the summary, or the keys'
     features and values)."""
-    return [saved["Sz"]] if "Sz" in saved else [saved["k"], saved["v"]]
+    return [saved["state"]] if "state" in saved else [saved["k"], saved["v"]]
 
 
 @pytest.mark.parametrize("S", [7, 12], ids=["full-pass-quadratic", "full-pass-summary"])
@@ -200,6 +200,7 @@ def test_causal_decoding_state_is_one_packed_tensor_updated_in_place(gate):
 def test_causal_incremental_reorder_follows_new_order():
     torch.manual_seed(3)
     attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
+    attn.set_beam_size(2)
     x = torch.randn(6, 4, C)
     order = torch.tensor([2, 2, 0, 3])
     with torch.no_grad():
@@ -224,11 +225,12 @@ def test_causal_reorders_over_many_steps_follow_the_histories(grad):
     """Beam-search-like decoding: a reorder after every step (permutations with repeated rows,
     the identity, and finally a batch that shrinks). Each row's output must equal a from-scratch
     decode of the history that row now continues. Without autograd the reorder gathers into a
-    spare buffer and the two swap roles: two blocks of memory serve the whole decode, the shrunk
-    batch included (its state is gathered into the front of the spare), and the spare never
-    aliases the live state."""
+    buffer and the two swap roles: two blocks of memory serve the whole decode, the shrunk batch
+    included (its state is gathered into the front of the buffer), and the buffer never aliases
+    the live state."""
     torch.manual_seed(5)
     attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
+    attn.set_beam_size(2)  # more than one hypothesis per sentence: any order may come
     N, steps = 4, 12
     x = torch.randn(steps, N, C)
     orders = [torch.tensor(o) for o in ([1, 1, 0, 3], [0, 1, 2, 3], [1, 0, 2, 3], [3, 3, 3, 0], [0, 0, 2, 3],
@@ -248,11 +250,11 @@ def test_causal_reorders_over_many_steps_follow_the_histories(grad):
                 torch.testing.assert_close(out[:, r : r + 1], ref, rtol=1e-5, atol=1e-6,
                                            msg=lambda m: f"step {t}, row {r}: {m}")
             buf = attn._get_input_buffer(state)
-            # the spare exists from the first reorder on, the shrunk batch's (after step 10) too
-            assert ("spare" in buf) == (not grad and t >= 1), f"step {t}: {sorted(buf)}"
-            if "spare" in buf:
-                assert buf["spare"].data_ptr() != buf["state"].data_ptr()
-                buffers.update((buf["spare"].data_ptr(), buf["state"].data_ptr()))
+            # the buffer exists from the first reorder on, the shrunk batch's (after step 10) too
+            assert ("reorder_buffer" in buf) == (not grad and t >= 1), f"step {t}: {sorted(buf)}"
+            if "reorder_buffer" in buf:
+                assert buf["reorder_buffer"].data_ptr() != buf["state"].data_ptr()
+                buffers.update((buf["reorder_buffer"].data_ptr(), buf["state"].data_ptr()))
             if t < len(orders):
                 order = orders[t]
                 history = [history[o] + [o] for o in order.tolist()]
@@ -265,6 +267,7 @@ def test_causal_reorder_after_a_multi_token_prefix():
     continues the right history."""
     torch.manual_seed(8)
     attn = CausalRFAttention(C, H, fmap(), gate=True, chunk_size=2).eval()
+    attn.set_beam_size(3)
     x = torch.randn(7, 3, C)
     orders = [torch.tensor([2, 2, 0]), torch.tensor([1, 0, 0]), torch.tensor([0, 2, 1])]
     with torch.no_grad():
@@ -284,7 +287,10 @@ def test_causal_reorder_after_a_multi_token_prefix():
             cols = [c + [r] for r, c in enumerate(cols)]
 
 
-def test_causal_identity_reorder_copies_nothing():
+def test_causal_reorder_at_beam_one_copies_nothing():
+    """With one hypothesis per sentence (fairseq's beam 1) a reorder that keeps the batch size is
+    the identity: the state is left as it is, without reading the order. A shrinking batch is
+    still gathered."""
     attn = CausalRFAttention(C, H, fmap()).eval()
     with torch.no_grad():
         state = {}
@@ -293,7 +299,9 @@ def test_causal_identity_reorder_copies_nothing():
         S = attn._get_input_buffer(state)["state"]
         attn.reorder_incremental_state(state, torch.arange(3))
         saved = attn._get_input_buffer(state)
-        assert saved["state"] is S and "spare" not in saved
+        assert saved["state"] is S and "reorder_buffer" not in saved
+        attn.reorder_incremental_state(state, torch.tensor([2, 0]))
+        torch.testing.assert_close(attn._get_input_buffer(state)["state"], S[[2, 0]], rtol=0, atol=0)
 
 
 def test_random_feature_draws_are_seeded_per_step_and_module():
@@ -333,12 +341,18 @@ def test_draw_seeds_are_distinct_and_in_range():
     assert draw_seed(1, 2, 3) == draw_seed(1, 2, 3) != draw_seed(1, 3, 2)
 
 
-def test_cross_beam_size_with_distinct_rows_falls_back_to_per_row_state():
+def test_cross_beam_search_needs_whole_sentences():
+    """The beam layout is what fairseq's generator says (set_beam_size), not checked against the
+    rows: a batch that cannot hold whole sentences is refused by name, and beam 1 keeps one state
+    per row."""
     torch.manual_seed(4)
     attn = CrossRFAttention(C, H, fmap(1)).eval()
-    attn.set_beam_size(2)
-    enc = torch.randn(5, 4, C)  # four different sources, not beam copies
+    enc = torch.randn(5, 4, C)
     query = torch.randn(1, 4, C)
+    attn.set_beam_size(3)
+    with torch.no_grad(), pytest.raises(ValueError, match="beam 3 needs a batch of whole sentences.*got 4 rows"):
+        attn(query, enc, enc, incremental_state={})
+    attn.set_beam_size(1)
     with torch.no_grad():
         state = {}
         out, _ = attn(query, enc, enc, incremental_state=state)

@@ -7,7 +7,7 @@ import torch
 from rfa_fairseq.modules import CausalRFAttention, RandomFeatureMap
 from rfa_fairseq.modules.causal_rfa_attention import CarriedState
 from rfa_fairseq.modules.heads import merge_heads
-from rfa_fairseq.ops import naive_causal_rfa, pack_state
+from rfa_fairseq.ops import naive_causal_rfa
 
 C, H = 24, 3
 GATES = [pytest.param({}, id="rfa"), pytest.param({"gate": True}, id="gate-convex"),
@@ -28,11 +28,11 @@ def test_blocks_with_carried_state_equal_one_pass(gate, recompute):
     x = torch.randn(37, 4, C)
     whole, _ = attn(x)
     q, k, v, log_g = attn._project(x, None)
-    _, (S, z) = naive_causal_rfa(q, k, v, log_g, output_final_state=True, convex=attn.convex)
+    _, final = naive_causal_rfa(q, k, v, log_g, return_state=True, convex=attn.convex)
     attn.carry = CarriedState()
     blocks = [attn(x[a:b])[0] for a, b in ((0, 11), (11, 12), (12, 30), (30, 37))]
     torch.testing.assert_close(torch.cat(blocks), whole, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(attn.carry.state, pack_state(S, z), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(attn.carry.state, final, rtol=1e-5, atol=1e-5)
     assert not attn.carry.state.requires_grad
 
 
@@ -47,7 +47,7 @@ def test_gradients_stop_at_the_carried_state(gate):
     start = attn.carry.state.clone()
     out, _ = attn(x2)
     q, k, v, log_g = attn._project(x2, None)
-    ref = attn.out_proj(merge_heads(naive_causal_rfa(q, k, v, log_g, initial_state=(start[..., :-1], start[..., -1]),
+    ref = attn.out_proj(merge_heads(naive_causal_rfa(q, k, v, log_g, state=start,
                                                      convex=attn.convex)))
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
     params = [p for p in attn.parameters() if p.requires_grad] + [x2]

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from rfa_test_utils import random_tokens
 from rfa_fairseq.modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap
 from rfa_fairseq.modules.heads import merge_heads, split_heads
-from rfa_fairseq.ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state, unpack_state
+from rfa_fairseq.ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state
 
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
 DTYPES = [
@@ -69,8 +69,9 @@ def long_run_reference():
             ref_attn = copy.deepcopy(attn).double()
             with torch.no_grad():
                 q, k, v, log_g = ref_attn._project(x.double(), None)
-                o, (S, z) = chunk_causal_rfa(q, k, v, log_g, output_final_state=True, eps=attn.eps,
-                                             chunk_size=attn.chunk_size)
+                o, state = chunk_causal_rfa(q, k, v, log_g, return_state=True, eps=attn.eps,
+                                            chunk_size=attn.chunk_size)
+                S, z = state[..., :-1], state[..., -1]
                 out = ref_attn.out_proj(merge_heads(o))
             cache[gate, dtype] = (attn, x, out, S, z)
         return cache[gate, dtype]
@@ -96,7 +97,7 @@ def test_16k_step_decoding_stays_finite_bounded_and_accurate(long_run_reference,
             if t + 1 in checkpoints:
                 buf = attn._get_input_buffer(state)
                 assert set(buf) == {"state"}, f"step {t + 1}: state holds {sorted(buf)}"
-                S, z = unpack_state(buf["state"])
+                S, z = buf["state"][..., :-1], buf["state"][..., -1]
                 assert S.dtype == torch.float32 and z.dtype == torch.float32, f"step {t + 1}: {S.dtype}/{z.dtype}"
                 assert S.shape == (BATCH, HEADS, PHI_DIM, HEAD_DIM), f"step {t + 1}: S {tuple(S.shape)}"
                 assert z.shape == (BATCH, HEADS, PHI_DIM), f"step {t + 1}: z {tuple(z.shape)}"

@@ -1,7 +1,8 @@
 """Causal RFA: the chunked parallel form and the recurrent step against the naive reference.
 
-Layouts: q, k ``[B, H, T, F]``, v ``[B, H, T, K]``, log_g ``[B, H, T]``, state
-``(S [B, H, F, K], z [B, H, F])``. The implementations accumulate in fp64 for fp64 inputs (used
+Layouts: q, k ``[B, H, T, F]``, v ``[B, H, T, K]``, log_g ``[B, H, T]``; the ops take and return the
+state packed as ``[S | z]`` ``[B, H, F, K + 1]``, which these tests split into ``(S, z)`` to compare
+(and differentiate) each part by name. The implementations accumulate in fp64 for fp64 inputs (used
 here for tight comparisons, rtol 1e-10) and in fp32 for every other dtype (rtol 1e-5).
 """
 from functools import partial
@@ -15,9 +16,7 @@ from rfa_fairseq.ops import (
     feature_map,
     guarded_ratio,
     naive_causal_rfa,
-    pack_state,
     recurrent_causal_rfa_step,
-    unpack_state,
     sample_random_matrix,
 )
 from rfa_fairseq.ops.denominator import DEFAULT_EPS
@@ -26,6 +25,16 @@ B, H = 2, 3
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+def join(state):
+    """``(S, z)`` -> the ops' packed state ``[S | z]`` (None stays None)."""
+    return None if state is None else torch.cat([state[0], state[1].unsqueeze(-1).to(state[0].dtype)], dim=-1)
+
+
+def split(state):
+    """The ops' packed state -> ``(S, z)`` as views."""
+    return state[..., :-1], state[..., -1]
 
 
 def assert_close(actual, expected, rtol=1e-5, name="", floor=0.0):
@@ -64,9 +73,9 @@ def make_inputs(gen, T, Fd, K, gate, init, features="abs"):
 
 
 def run_recurrent(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, inplace=False, convex=True):
-    """The decoder's path: recurrent_causal_rfa_step token by token on the packed [S | z] state
+    """The decoder's path: recurrent_causal_rfa_step token by token on the packed state
     (updated in place with ``inplace``, as the decoder does without autograd)."""
-    state = None if initial_state is None else pack_state(*initial_state)
+    state = join(initial_state)
     outs = []
     for t in range(q.shape[2]):
         o, state = recurrent_causal_rfa_step(
@@ -74,19 +83,21 @@ def run_recurrent(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, inpl
             state, eps=eps, inplace=inplace, convex=convex,
         )
         outs.append(o)
-    return torch.stack(outs, dim=2), unpack_state(state)
+    return torch.stack(outs, dim=2), split(state)
 
 
 def run_chunk(chunk_size, convex=True):
     def fn(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS):
-        return chunk_causal_rfa(q, k, v, log_g, initial_state=initial_state, output_final_state=True,
-                                eps=eps, chunk_size=chunk_size, convex=convex)
+        out, state = chunk_causal_rfa(q, k, v, log_g, state=join(initial_state), return_state=True, eps=eps,
+                                      chunk_size=chunk_size, convex=convex)
+        return out, split(state)
     return fn
 
 
 def run_naive(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, convex=True):
-    return naive_causal_rfa(q, k, v, log_g, initial_state=initial_state, output_final_state=True, eps=eps,
-                            convex=convex)
+    out, state = naive_causal_rfa(q, k, v, log_g, state=join(initial_state), return_state=True, eps=eps,
+                                  convex=convex)
+    return out, split(state)
 
 
 def forward_and_grads(fn, q, k, v, log_g, state):
@@ -273,7 +284,7 @@ def test_recurrent_inplace_equals_out_of_place(gen, gate, init):
     if state is None:  # the caller owns the state tensor: start from zeros it made itself
         state = (torch.zeros(B, H, Fd, K), torch.zeros(B, H, Fd))
     with torch.no_grad():
-        st_ref, st_ip = pack_state(*state), pack_state(*state)
+        st_ref, st_ip = join(state), join(state)
         for t in range(T):
             args = (q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t])
             before = st_ref.clone()
@@ -286,19 +297,10 @@ def test_recurrent_inplace_equals_out_of_place(gen, gate, init):
             torch.testing.assert_close(new_ip, new_ref, rtol=1e-6, atol=1e-6)
             st_ref, st_ip = new_ref, new_ip
     out, (S, z) = run_naive(q, k, v, log_g, state, convex=gate != "decay")
-    S_ip, z_ip = unpack_state(st_ip)
+    S_ip, z_ip = split(st_ip)
     assert_close(S_ip, S, name="S")
     assert_close(z_ip, z, name="z")
     assert_close(o_ip, out[:, :, -1], name="last out")
-
-
-def test_pack_and_unpack_state_round_trip(gen):
-    S, z = torch.randn(2, 3, 5, 4, generator=gen), torch.randn(2, 3, 5, generator=gen)
-    Sz = pack_state(S, z)
-    assert Sz.shape == (2, 3, 5, 5)
-    S2, z2 = unpack_state(Sz)
-    assert torch.equal(S2, S) and torch.equal(z2, z)
-    assert S2.data_ptr() == Sz.data_ptr()  # views, not copies
 
 
 def test_recurrent_inplace_from_empty_state_does_not_alias_inputs(gen):

@@ -132,11 +132,10 @@ def test_padded_keys_do_not_leak(gen, pattern):
     pad4 = mask[:, None, :, None]
     k2 = torch.where(pad4, 1e3 * torch.randn(k.shape, generator=gen), k)
     v2 = torch.where(pad4, 1e3 * torch.randn(v.shape, generator=gen), v)
-    S1, z1 = cross_rfa_state(k, v, mask)
-    S2, z2 = cross_rfa_state(k2, v2, mask)
-    torch.testing.assert_close(S2, S1, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(z2, z1, rtol=1e-6, atol=1e-6)
-    out = cross_rfa_apply(q, (S2, z2))
+    state1 = cross_rfa_state(k, v, mask)
+    state2 = cross_rfa_state(k2, v2, mask)
+    torch.testing.assert_close(state2, state1, rtol=1e-6, atol=1e-6)
+    out = cross_rfa_apply(q, state2)
     for b in range(B):
         keep = (~mask[b]).nonzero().squeeze(1)
         ref = naive_cross_rfa(q[b : b + 1], k[b : b + 1, :, keep], v[b : b + 1, :, keep])
@@ -152,16 +151,16 @@ def test_beam_grouped_apply(gen, beam, pattern):
     v = torch.randn(Bs, H, S, K, generator=gen)
     mask = make_mask(pattern, Bs, S, gen)
     q = positive_features(gen, Bs * beam, H, Tq, Fd)
-    Sm, z = cross_rfa_state(k, v, mask)
-    out = cross_rfa_apply(q, (Sm, z))
+    state = cross_rfa_state(k, v, mask)
+    out = cross_rfa_apply(q, state)
     assert out.shape == (Bs * beam, H, Tq, K)
-    rep = (Sm.repeat_interleave(beam, dim=0), z.repeat_interleave(beam, dim=0))
+    rep = state.repeat_interleave(beam, dim=0)
     torch.testing.assert_close(out, cross_rfa_apply(q, rep), rtol=1e-6, atol=1e-6)
     # and against the naive reference with keys, values and mask copied per beam
     rk = lambda x: None if x is None else x.repeat_interleave(beam, dim=0)  # noqa: E731
     assert_close(out, naive_cross_rfa(q, rk(k), rk(v), rk(mask)), 1e-5, "vs naive")
     if beam > 1:  # sentence-major, not beam-major: tiling the state instead gives other results
-        tiled = (Sm.repeat(beam, 1, 1, 1), z.repeat(beam, 1, 1))
+        tiled = state.repeat(beam, 1, 1, 1)
         assert not torch.allclose(out, cross_rfa_apply(q, tiled), rtol=1e-3, atol=1e-3)
 
 
@@ -221,7 +220,7 @@ def test_weights_reproduce_apply(gen, pattern, beam, features):
     if mask is not None:
         pad = mask.repeat_interleave(beam, dim=0)[:, None, None, :].expand_as(w)
         assert (w[pad] == 0).all()
-    den = torch.einsum("bhtf,bhf->bht", q, state[1].repeat_interleave(beam, dim=0))
+    den = torch.einsum("bhtf,bhf->bht", q, state[..., -1].repeat_interleave(beam, dim=0))
     expected_sum = torch.where(den > DEFAULT_EPS, torch.ones_like(den), den / DEFAULT_EPS)
     torch.testing.assert_close(w.sum(-1), expected_sum, rtol=1e-5, atol=1e-5)
     if features == "mixed-sign":
@@ -246,7 +245,7 @@ def test_absolute_denominator(gen, beam):
     w = cross_rfa_weights(q, k, mask, absolute=True)
     assert_close(torch.einsum("bhts,bhsk->bhtk", w, rep(v)), out, 1e-10, "abs: weights @ v")
     assert_close(cross_rfa_quadratic(q, k, v, mask, absolute=True), out, 1e-10, "abs: quadratic form")
-    den = torch.einsum("bhtf,bhf->bht", q, rep(state[1]))
+    den = torch.einsum("bhtf,bhf->bht", q, rep(state[..., -1]))
     plain = cross_rfa_apply(q, state)
     flipped = den < -DEFAULT_EPS
     assert flipped.any() and (den > DEFAULT_EPS).any()
@@ -269,7 +268,7 @@ def test_apply_guard_is_finite_in_low_precision(gen, dtype, scale):
     q[1, :, 0] = 0  # den = num = 0 exactly
     mask = make_mask("random", B, S, gen)
     state = cross_rfa_state(k, v, mask)
-    assert state[0].dtype == state[1].dtype == torch.float32
+    assert state.dtype == torch.float32
     out = cross_rfa_apply(q, state)
     assert out.dtype == dtype
     assert torch.isfinite(out).all()

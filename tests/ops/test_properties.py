@@ -7,7 +7,7 @@ clamp is still applied identically by every path, and the guarded ratio is conti
 comparison remains exact up to rounding.
 
 Layouts: q, k ``[B, H, T, F]``, v ``[B, H, T, K]``, log_g ``[B, H, T]``,
-state ``(S [B, H, F, K], z [B, H, F])``, key_padding_mask ``[B, T]`` (True = pad).
+state ``(S [B, H, F, K], z [B, H, F])`` (the ops take and return it packed as ``[S | z]``), key_padding_mask ``[B, T]`` (True = pad).
 
 Hypothesis draws the shapes, switches, gate regime, padding pattern and a seed; the tensors
 themselves come from a torch.Generator seeded by that draw (fast, reproducible, and shrinkable
@@ -26,9 +26,7 @@ from rfa_fairseq.ops import (
     feature_map,
     naive_causal_rfa,
     naive_cross_rfa,
-    pack_state,
     recurrent_causal_rfa_step,
-    unpack_state,
     sample_random_matrix,
 )
 
@@ -144,6 +142,28 @@ def clone_state(state):
     return None if state is None else (state[0].clone(), state[1].clone())
 
 
+def join(state):
+    """``(S, z)`` -> the ops' packed state ``[S | z]`` (None stays None)."""
+    return None if state is None else torch.cat([state[0], state[1].unsqueeze(-1).to(state[0].dtype)], dim=-1)
+
+
+def split(state):
+    """The ops' packed state -> ``(S, z)`` as views."""
+    return state[..., :-1], state[..., -1]
+
+
+def naive(q, k, v, log_g, state):
+    """naive_causal_rfa with ``(S, z)`` in and out."""
+    out, final = naive_causal_rfa(q, k, v, log_g, state=join(state), return_state=True)
+    return out, split(final)
+
+
+def chunk(q, k, v, log_g, state, chunk_size):
+    """chunk_causal_rfa with ``(S, z)`` in and out."""
+    out, final = chunk_causal_rfa(q, k, v, log_g, state=join(state), return_state=True, chunk_size=chunk_size)
+    return out, split(final)
+
+
 # Corners that must be run whatever hypothesis draws: several chunks with a partial last one,
 # one chunk longer than T, all log-gates at -1e-6 (z stays below eps for a while) or at -30, and
 # masks mixing left, right, arbitrary and fully padded rows.
@@ -181,14 +201,13 @@ def with_examples(examples, name="case"):
 @with_examples(EXAMPLES)
 def test_chunk_equals_naive(case):
     q, k, v, log_g, state = make_causal(case)
-    ref, (S_ref, z_ref) = naive_causal_rfa(q, k, v, log_g, initial_state=state, output_final_state=True)
-    out, (S, z) = chunk_causal_rfa(q, k, v, log_g, initial_state=clone_state(state), output_final_state=True,
-                                  chunk_size=case["chunk"])
+    ref, (S_ref, z_ref) = naive(q, k, v, log_g, state)
+    out, (S, z) = chunk(q, k, v, log_g, clone_state(state), case["chunk"])
     assert_close(out, ref, "out")
     assert_close(S, S_ref, "S")
     assert_close(z, z_ref, "z")
     # Without asking for the state, the same outputs.
-    assert_close(chunk_causal_rfa(q, k, v, log_g, initial_state=state, chunk_size=case["chunk"]), ref, "out only")
+    assert_close(chunk_causal_rfa(q, k, v, log_g, state=join(state), chunk_size=case["chunk"]), ref, "out only")
 
 
 @PROPERTY_SETTINGS
@@ -198,15 +217,15 @@ def test_chunk_equals_naive(case):
 @example(case=EXAMPLES[3], inplace=True)
 def test_recurrent_steps_equal_naive(case, inplace):
     q, k, v, log_g, state = make_causal(case)
-    ref, (S_ref, z_ref) = naive_causal_rfa(q, k, v, log_g, initial_state=state, output_final_state=True)
+    ref, (S_ref, z_ref) = naive(q, k, v, log_g, state)
     # The decoder's packed state, a copy of the caller's (in place, the step writes into it).
-    st_ = None if state is None else pack_state(*state)
+    st_ = None if state is None else join(state)
     outs = []
     for t in range(case["T"]):
         args = (q[:, :, t], k[:, :, t], v[:, :, t], None if log_g is None else log_g[:, :, t], st_)
         o, st_ = recurrent_causal_rfa_step(*args, inplace=inplace)
         outs.append(o)
-    st_ = unpack_state(st_)
+    st_ = split(st_)
     assert_close(torch.stack(outs, dim=2), ref, "out")
     assert_close(st_[0], S_ref, "S")
     assert_close(st_[1], z_ref, "z")
@@ -233,17 +252,15 @@ def test_padding_equals_removing_padded_positions(case):
     q, k, v, log_g, state = make_causal(case)
     mask = case["mask"]
     kp, lgp = _pad_like_module(k, log_g, mask)
-    out_c, (S_c, z_c) = chunk_causal_rfa(q, kp, v, lgp, initial_state=clone_state(state), output_final_state=True,
-                                        chunk_size=case["chunk"])
-    out_n, (S_n, z_n) = naive_causal_rfa(q, kp, v, lgp, initial_state=state, output_final_state=True)
+    out_c, (S_c, z_c) = chunk(q, kp, v, lgp, clone_state(state), case["chunk"])
+    out_n, (S_n, z_n) = naive(q, kp, v, lgp, state)
     for b in range(case["B"]):
         real = (~mask[b]).nonzero().flatten()
         sl = slice(b, b + 1)
         row_state = None if state is None else (state[0][sl], state[1][sl])
-        ref, (S_ref, z_ref) = naive_causal_rfa(
+        ref, (S_ref, z_ref) = naive(
             q[sl][:, :, real], k[sl][:, :, real], v[sl][:, :, real],
-            None if log_g is None else log_g[sl][:, :, real],
-            initial_state=row_state, output_final_state=True,
+            None if log_g is None else log_g[sl][:, :, real], row_state,
         )
         for name, out, S, z in (("chunk", out_c, S_c, z_c), ("naive", out_n, S_n, z_n)):
             assert_close(out[sl][:, :, real], ref, f"{name} out row {b}")
@@ -287,16 +304,15 @@ def test_arbitrary_sign_features_stay_finite(case, dtype, kind, q_scale, v_scale
     if case["init"]:  # signed z too; states live in the accumulation dtype, as the ops return them
         state = (torch.randn(B, H, Fd, K, generator=gen, dtype=acc), torch.randn(B, H, Fd, generator=gen, dtype=acc))
 
-    out_n, (S_n, z_n) = naive_causal_rfa(q, k, v, log_g, initial_state=state, output_final_state=True)
-    out_c, (S_c, z_c) = chunk_causal_rfa(q, k, v, log_g, initial_state=clone_state(state), output_final_state=True,
-                                        chunk_size=case["chunk"])
-    st_ = None if state is None else pack_state(*state)
+    out_n, (S_n, z_n) = naive(q, k, v, log_g, state)
+    out_c, (S_c, z_c) = chunk(q, k, v, log_g, clone_state(state), case["chunk"])
+    st_ = None if state is None else join(state)
     steps = []
     for t in range(T):
         o, st_ = recurrent_causal_rfa_step(q[:, :, t], k[:, :, t], v[:, :, t],
                                            None if log_g is None else log_g[:, :, t], st_, inplace=True)
         steps.append(o)
-    st_ = unpack_state(st_)
+    st_ = split(st_)
     out_r = torch.stack(steps, dim=2)
     for name, out, S, z in (("naive", out_n, S_n, z_n), ("chunk", out_c, S_c, z_c), ("step", out_r, *st_)):
         assert out.dtype == dtype, f"{name}: output dtype {out.dtype} != {dtype}"
@@ -311,7 +327,7 @@ def test_arbitrary_sign_features_stay_finite(case, dtype, kind, q_scale, v_scale
     state_x = cross_rfa_state(k, v, mask)
     out_x = cross_rfa_apply(q, state_x, out_dtype=dtype)
     assert out_x.dtype == dtype and out_x.shape == (B, H, T, K)
-    assert state_x[0].dtype == acc and state_x[1].dtype == acc
+    assert state_x.dtype == acc
     assert torch.isfinite(out_x).all(), "cross: non-finite output"
 
 
@@ -352,8 +368,8 @@ def test_cross_state_apply_equals_naive(case):
     assert_close(out, ref, "cross out")
     # The state itself: sums over the real keys only.
     keep = torch.ones(Bs, S, dtype=DT) if mask is None else (~mask).to(DT)
-    assert_close(state[1], (k * keep[:, None, :, None]).sum(2), "z")
-    assert_close(state[0], torch.einsum("bhsf,bhsk,bs->bhfk", k, v, keep), "S")
+    assert_close(state[..., -1], (k * keep[:, None, :, None]).sum(2), "z")
+    assert_close(state[..., :-1], torch.einsum("bhsf,bhsk,bs->bhfk", k, v, keep), "S")
     if mask is not None:
         for b in range(Bs):
             if bool(mask[b].all()):

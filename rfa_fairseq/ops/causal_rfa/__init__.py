@@ -1,9 +1,8 @@
 from .chunk import DEFAULT_CHUNK_SIZE, chunk_causal_rfa
+from .naive import naive_causal_rfa
+from .recurrent import recurrent_causal_rfa_step
 
 # The gate's forms: the paper's S = g S + (1 - g) phi(k) v^T, or the decay form S = g S + phi(k) v^T.
 GATE_FORMS = ("convex", "decay")
-from .naive import naive_causal_rfa
-from .recurrent import pack_state, recurrent_causal_rfa_step, unpack_state
 
-__all__ = ["chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa_step", "pack_state", "unpack_state",
-           "DEFAULT_CHUNK_SIZE", "GATE_FORMS"]
+__all__ = ["chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa_step", "DEFAULT_CHUNK_SIZE", "GATE_FORMS"]

@@ -2,14 +2,15 @@
 
 Time is split into chunks of ``C``. Inside a chunk the masked quadratic form
 ``(q k^T * decay, lower triangular) @ v`` is used; across chunks the state ``S`` is carried.
-The denominator rides along as an extra column of ones on ``v``. Everything runs in fp32.
+The denominator rides along as an extra column of ones on ``v``, so the state carried from chunk
+to chunk is the packed state ``[S | z]`` of the recurrent step. Everything runs in fp32.
 Memory per head is O(T C + (T / C) F K) instead of the O(T F K) of a cumsum of outer products.
 
 With a gate, ``b`` is the inclusive cumulative sum of ``log g`` inside a chunk. Position ``j``
 reaches position ``i >= j`` of the same chunk with weight ``exp(b_i - b_j) (1 - g_j)``; the
 differences are masked to -inf above the diagonal *before* ``exp``, so every exponent is <= 0.
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -32,13 +33,14 @@ def chunk_causal_rfa(
     k: Tensor,
     v: Tensor,
     log_g: Optional[Tensor] = None,
-    initial_state: Optional[Tuple[Tensor, Tensor]] = None,
-    output_final_state: bool = False,
+    state: Optional[Tensor] = None,
+    return_state: bool = False,
     eps: float = DEFAULT_EPS,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     convex: bool = True,
 ):
-    """Same contract as :func:`naive_causal_rfa` (shapes ``[B, H, T, F]``/``[B, H, T, K]``)."""
+    """Same contract as :func:`naive_causal_rfa` (shapes ``[B, H, T, F]``/``[B, H, T, K]``, the
+    state ``[B, H, F, K + 1]``)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     B, H, T, Fd = q.shape
@@ -46,11 +48,9 @@ def chunk_causal_rfa(
     acc = compute_dtype(q)
     if T == 0:
         out = v.new_zeros(B, H, 0, K)
-        if not output_final_state:
+        if not return_state:
             return out
-        if initial_state is None:
-            return out, (q.new_zeros(B, H, Fd, K, dtype=acc), q.new_zeros(B, H, Fd, dtype=acc))
-        return out, (initial_state[0].to(acc), initial_state[1].to(acc))
+        return out, (q.new_zeros(B, H, Fd, K + 1, dtype=acc) if state is None else state.to(acc))
     C = min(chunk_size, max(T, 1))
     pad = (-T) % C
     N = (T + pad) // C
@@ -64,9 +64,9 @@ def chunk_causal_rfa(
 
     # One chunk with nothing before it and no state asked for (training on sentences): the
     # intra-chunk part is the whole answer, and the state would cost more than it.
-    intra_only = N == 1 and initial_state is None and not output_final_state
-    if initial_state is not None:
-        state0 = torch.cat([initial_state[0].to(acc), initial_state[1].to(acc).unsqueeze(-1)], dim=-1)
+    intra_only = N == 1 and state is None and not return_state
+    if state is not None:
+        state0 = state.to(acc)
     elif not intra_only:
         state0 = qf.new_zeros(B, H, Fd, K + 1)
     if log_g is None:
@@ -104,7 +104,7 @@ def chunk_causal_rfa(
             strictly_before = torch.ones(N + 1, N, dtype=torch.bool, device=q.device).tril(-1)
             weights = torch.exp((p.unsqueeze(-1) - p[..., 1:].unsqueeze(-2)).masked_fill(~strictly_before, float("-inf")))
             states = (weights.to(acc) @ chunk_kv.flatten(-2)).view(B, H, N + 1, Fd, K + 1)
-            if initial_state is not None:
+            if state is not None:
                 states = states + torch.exp(p).to(acc)[..., None, None] * state0.unsqueeze(2)
             before, final = states[:, :, :N], states[:, :, N]
             # the decay from the chunk start to position i, applied to the [C, K + 1] result rather
@@ -113,6 +113,5 @@ def chunk_causal_rfa(
 
     o = o.reshape(B, H, N * C, K + 1)[:, :, :T]
     out = guarded_ratio(o[..., :K], o[..., K], eps, v.dtype)
-    if output_final_state:
-        return out, (final[..., :K], final[..., K])
-    return out
+    # a copy, not a view that would keep the per-chunk states alive beside the decoding state
+    return (out, final.clone()) if return_state else out

@@ -1,5 +1,5 @@
 """Naive causal RFA: the per-step recurrence transcribed literally, in fp32. The reference."""
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -12,8 +12,8 @@ def naive_causal_rfa(
     k: Tensor,
     v: Tensor,
     log_g: Optional[Tensor] = None,
-    initial_state: Optional[Tuple[Tensor, Tensor]] = None,
-    output_final_state: bool = False,
+    state: Optional[Tensor] = None,
+    return_state: bool = False,
     eps: float = DEFAULT_EPS,
     convex: bool = True,
 ):
@@ -23,11 +23,12 @@ def naive_causal_rfa(
         q, k: feature-mapped queries and keys ``[B, H, T, F]``.
         v: values ``[B, H, T, K]``.
         log_g: log of the gate ``[B, H, T]`` (``<= 0``), or None for plain RFA.
-        initial_state: ``(S [B, H, F, K], z [B, H, F])`` or None (zeros).
+        state: the state to start from, ``[S | z]`` packed as ``[B, H, F, K + 1]`` (``z`` is the
+            last column; the layout of every RFA state in the package), or None (zeros).
         convex: with a gate, write with weight ``1 - g_t`` (the paper's form, below); False: the
             decay form ``S_t = g_t S_{t-1} + k_t v_t^T`` (the RFA slides, GLA).
     Returns:
-        ``out [B, H, T, K]`` (dtype of ``v``) and, if asked, the final ``(S, z)`` in fp32.
+        ``out [B, H, T, K]`` (dtype of ``v``) and, with ``return_state``, the final state in fp32.
 
         S_t = g_t S_{t-1} + (1 - g_t) k_t v_t^T,  z_t = g_t z_{t-1} + (1 - g_t) k_t
         out_t = q_t^T S_t / max(q_t . z_t, eps)      (g_t = 1 - (1 - g_t) = 1 without a gate)
@@ -36,11 +37,11 @@ def naive_causal_rfa(
     K = v.shape[-1]
     acc = compute_dtype(q)
     qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
-    if initial_state is None:
+    if state is None:
         S = qf.new_zeros(B, H, F, K)
         z = qf.new_zeros(B, H, F)
     else:
-        S, z = initial_state[0].to(acc), initial_state[1].to(acc)
+        S, z = state[..., :K].to(acc), state[..., K].to(acc)
     outs = []
     for t in range(T):
         kt, vt = kf[:, :, t], vf[:, :, t]
@@ -58,4 +59,4 @@ def naive_causal_rfa(
         den = torch.einsum("bhf,bhf->bh", qt, z)
         outs.append(guarded_ratio(num, den, eps, v.dtype))
     out = torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, K)
-    return (out, (S, z)) if output_final_state else out
+    return (out, torch.cat([S, z.unsqueeze(-1)], dim=-1)) if return_state else out

@@ -1,8 +1,9 @@
 """One step of causal RFA for incremental decoding: O(F K) per head, whatever the length.
 
-The recurrent state is kept packed, ``Sz = [S | z]`` of shape ``[B, H, F, K + 1]`` (``z`` is the
-last column): with a column of ones appended to ``v`` one outer product updates both, one
-matmul reads out numerator and denominator, and beam search reorders one tensor.
+The state is ``[S | z]`` packed as one tensor ``[B, H, F, K + 1]`` (``z`` is the last column),
+the layout the chunked and naive forms take and return too: with a column of ones appended to
+``v`` one outer product updates both, one matmul reads out numerator and denominator, and beam
+search reorders one tensor.
 """
 from typing import Optional, Tuple
 
@@ -11,16 +12,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
-
-
-def pack_state(S: Tensor, z: Tensor) -> Tensor:
-    """``(S [..., F, K], z [..., F])`` -> ``Sz [..., F, K + 1]`` (a new tensor)."""
-    return torch.cat([S, z.unsqueeze(-1).to(S.dtype)], dim=-1)
-
-
-def unpack_state(Sz: Tensor) -> Tuple[Tensor, Tensor]:
-    """``Sz [..., F, K + 1]`` -> ``(S, z)`` as views of ``Sz``."""
-    return Sz[..., :-1], Sz[..., -1]
 
 
 def recurrent_causal_rfa_step(
@@ -33,20 +24,20 @@ def recurrent_causal_rfa_step(
     inplace: bool = False,
     convex: bool = True,
 ) -> Tuple[Tensor, Tensor]:
-    """Advance the packed state by one token and read it out.
+    """Advance the state by one token and read it out.
 
-        Sz_t = g_t Sz_{t-1} + phi(k_t) [(1 - g_t) v_t | (1 - g_t)]      (g_t = 1 without a gate)
+        [S | z]_t = g_t [S | z]_{t-1} + phi(k_t) [(1 - g_t) v_t | (1 - g_t)]   (g_t = 1 without a gate)
         out_t = phi(q_t) S_t / max(phi(q_t) . z_t, eps)
 
     (``convex=False``: the decay form, without the factors ``1 - g_t``.)
 
     Args:
         q, k: feature-mapped ``[B, H, F]``; v: ``[B, H, K]``; log_g: ``[B, H]`` or None.
-        state: ``Sz [B, H, F, K + 1]`` in fp32 (fp64 for fp64 inputs), or None at the first token.
+        state: ``[B, H, F, K + 1]`` in fp32 (fp64 for fp64 inputs), or None at the first token.
         inplace: update ``state`` in place (only when no gradient is needed and the caller
             owns the tensor); the same tensor is then returned.
     Returns:
-        ``out [B, H, K]`` (dtype of ``v``) and the new ``Sz``.
+        ``out [B, H, K]`` (dtype of ``v``) and the new state.
     """
     acc = compute_dtype(q)
     qf, kf = q.to(acc), k.to(acc)
@@ -60,16 +51,13 @@ def recurrent_causal_rfa_step(
             v1 = v1 * (-torch.expm1(lg)).unsqueeze(-1)
     if state is None:
         # contiguous whatever the strides of k: every later step and reorder reads it whole
-        Sz = (kf.unsqueeze(-1) * v1.unsqueeze(-2)).contiguous()
+        state = (kf.unsqueeze(-1) * v1.unsqueeze(-2)).contiguous()
     elif inplace and state.dtype == acc:
-        Sz = state
         if decay is not None:
-            Sz.mul_(decay)
-        Sz.addcmul_(kf.unsqueeze(-1), v1.unsqueeze(-2))  # no [B, H, F, K + 1] temporary
+            state.mul_(decay)
+        state.addcmul_(kf.unsqueeze(-1), v1.unsqueeze(-2))  # no [B, H, F, K + 1] temporary
     else:
-        Sz = state.to(acc)
-        if decay is not None:
-            Sz = Sz * decay
-        Sz = torch.addcmul(Sz, kf.unsqueeze(-1), v1.unsqueeze(-2))
-    o = torch.matmul(qf.unsqueeze(-2), Sz).squeeze(-2)  # [B, H, K + 1]: numerator | denominator
-    return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype), Sz
+        state = state.to(acc) if decay is None else state.to(acc) * decay
+        state = torch.addcmul(state, kf.unsqueeze(-1), v1.unsqueeze(-2))
+    o = torch.matmul(qf.unsqueeze(-2), state).squeeze(-2)  # [B, H, K + 1]: numerator | denominator
+    return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype), state

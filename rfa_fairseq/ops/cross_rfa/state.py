@@ -1,34 +1,29 @@
-"""Cross RFA through its state: (S, z) summarise the source once; each query costs O(F K).
+"""Cross RFA through its state: the source summarised once; each query costs O(F K).
 
-``S = sum_j phi(k_j) v_j^T`` ``[B, H, F, K]`` and ``z = sum_j phi(k_j)`` ``[B, H, F]`` over the
-non-padding source positions, kept packed as ``[S | z]`` (one matmul per query). A state computed
-for ``Bs`` sources can serve ``Bs * beam`` query rows laid out sentence-major (rows
-``i * beam ... (i + 1) * beam - 1`` share source ``i``), as in fairseq's beam search: the queries
-are grouped, and the state is never copied per beam (:func:`group_queries`).
+``S = sum_j phi(k_j) v_j^T`` and ``z = sum_j phi(k_j)`` over the non-padding source positions,
+packed as ``[S | z]`` ``[B, H, F, K + 1]`` (the layout of the causal state: one matmul per query).
+A state computed for ``Bs`` sources can serve ``Bs * beam`` query rows laid out sentence-major
+(rows ``i * beam ... (i + 1) * beam - 1`` share source ``i``), as in fairseq's beam search: the
+queries are grouped, and the state is never copied per beam (:func:`group_queries`).
 """
-from typing import Optional, Tuple, Union
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..causal_rfa.recurrent import pack_state, unpack_state
 from ..denominator import DEFAULT_EPS, compute_dtype, guard, guarded_ratio
 
-State = Union[Tensor, Tuple[Tensor, Tensor]]
 
-
-def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, packed: bool = False) -> State:
+def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
     """k: ``[B, H, S, F]``, v: ``[B, H, S, K]``, key_padding_mask ``[B, S]`` (True = pad).
 
-    Returns ``(S [B, H, F, K], z [B, H, F])`` in fp32, or with ``packed`` the one tensor
-    ``[S | z]`` of shape ``[B, H, F, K + 1]`` that :func:`cross_rfa_apply` reads in one matmul."""
+    Returns the state ``[S | z]`` ``[B, H, F, K + 1]`` in fp32 (fp64 for fp64 inputs)."""
     acc = compute_dtype(k)
     kf = k.to(acc)
     if key_padding_mask is not None:
         kf = kf.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), 0.0)
-    Sz = kf.transpose(-1, -2) @ F.pad(v.to(acc), (0, 1), value=1.0)
-    return Sz if packed else unpack_state(Sz)
+    return kf.transpose(-1, -2) @ F.pad(v.to(acc), (0, 1), value=1.0)
 
 
 def key_norm_weights(k: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
@@ -63,14 +58,13 @@ def ungroup(out: Tensor, B: int, Tq: int) -> Tensor:
     return out.reshape(Bs, H, B // Bs, Tq, K).transpose(1, 2).reshape(B, H, Tq, K)
 
 
-def cross_rfa_apply(q: Tensor, state: State, eps: float = DEFAULT_EPS, out_dtype=None,
+def cross_rfa_apply(q: Tensor, state: Tensor, eps: float = DEFAULT_EPS, out_dtype=None,
                     absolute: bool = False) -> Tensor:
-    """q: ``[B, H, Tq, F]``; state from :func:`cross_rfa_state` (packed or not) for ``B`` or
-    ``B / beam`` sources. ``eps``, ``absolute``: the denominator's guard (``ops.denominator``).
+    """q: ``[B, H, Tq, F]``; the state of :func:`cross_rfa_state` for ``B`` or ``B / beam``
+    sources. ``eps``, ``absolute``: the denominator's guard (``ops.denominator``).
 
     Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
-    Sz = state if isinstance(state, Tensor) else pack_state(*state)
-    o = group_queries(q.to(Sz.dtype), Sz.shape[0]) @ Sz  # numerator | denominator
+    o = group_queries(q.to(state.dtype), state.shape[0]) @ state  # numerator | denominator
     out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)
     return ungroup(out, q.shape[0], q.shape[2])
 
