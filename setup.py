@@ -15,6 +15,14 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["rfa_fairseq", "rfa_fairseq.*"]),
+    entry_points={
+        "console_scripts": [
+            "rfa-convert-from-softmax = rfa_fairseq.cli.convert_from_softmax:main",
+            "rfa-redraw-features = rfa_fairseq.cli.redraw_features:main",
+            "rfa-diagnostics = rfa_fairseq.cli.diagnostics:main",
+            "rfa-average-checkpoints = rfa_fairseq.cli.average_checkpoints:main",
+        ],
+    },
     python_requires=">=3.11",
     install_requires=[],
     extras_require={

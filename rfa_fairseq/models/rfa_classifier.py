@@ -2,7 +2,7 @@
 
 An encoder-only transformer whose self-attention is chosen with ``--encoder-attention``
 (softmax, rfa, favor or lara: ``rfa_fairseq.modules.encoder_attention``; the encoder and its
-flags are the translation model's, ``rfa_encoder.RFATransformerEncoder``), a pooling of its
+flags, ``rfa_encoder.EncoderAttentionConfig``, are the translation model's encoder's), a pooling of its
 output (the mean over the real tokens, or the first token) and an MLP head. It is trained and
 evaluated with fairseq's own ``sentence_prediction`` task and criterion::
 
@@ -26,42 +26,31 @@ well); either way the pooled vector does not depend on how much padding a batch 
 Layouts: ``src_tokens`` is Batch x Time, right-padded as ``sentence_prediction`` pads; the
 encoder works in Time x Batch x Channel (fairseq's layout), the heads on Batch x Channel.
 """
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass import ChoiceEnum
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
 from fairseq.models.transformer import Embedding, TransformerConfig
 from fairseq.utils import safe_getattr
 from omegaconf import II
 from torch import Tensor
 
-from ..config import TranslationAttentionConfig, attention_config_from
-from ..modules.encoder_attention import ENCODER_ATTENTIONS
-from .rfa_encoder import RFATransformerEncoder
-from .rfa_transformer import check_heads
+from ..validation import divisible_heads, flag, one_of, positive_int
+from .rfa_encoder import EncoderAttentionConfig, RFATransformerEncoder, encoder_attention_config_from
 
 POOLINGS = ("mean", "cls")
 CLASSIFIER_HEADS = ("single", "dual")
 PAIR_INTERACTIONS = ("nli", "concat")
 
 
-_TRANSLATION_FIELDS = {f.name: f for f in fields(TranslationAttentionConfig)}
-
-
-def _encoder_flag(name: str):
-    """The translation model's encoder-attention flag, same default and help (one definition)."""
-    f = _TRANSLATION_FIELDS[name]
-    return field(default=f.default, metadata=dict(f.metadata))
-
-
 @dataclass
-class RFAClassifierConfig(FairseqDataclass):
-    encoder_attention: ChoiceEnum(list(ENCODER_ATTENTIONS)) = _encoder_flag("encoder_attention")
-    encoder_feature_dim: int = _encoder_flag("encoder_feature_dim")
-    lara_landmarks: int = _encoder_flag("lara_landmarks")
+class RFAClassifierConfig(EncoderAttentionConfig):
+    """The classifier's flags: the encoder's attention choices (``EncoderAttentionConfig``, the
+    translation model's encoder's), its sizes, and the pooling and head."""
+
     encoder_layers: int = field(default=4, metadata={"help": "number of encoder layers"})
     encoder_embed_dim: int = field(default=256, metadata={"help": "encoder embedding (model) dimension"})
     encoder_ffn_embed_dim: int = field(default=1024, metadata={"help": "encoder feed-forward inner dimension"})
@@ -97,19 +86,6 @@ class RFAClassifierConfig(FairseqDataclass):
         default=0, metadata={"help": "hidden size of the head's MLP (0: --encoder-ffn-embed-dim, as LRA)"}
     )
     max_positions: int = II("task.max_positions")
-
-
-def _positive_int(args, name: str):
-    v = safe_getattr(args, name)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {v!r}")
-
-
-def _choice(args, name: str, choices):
-    v = str(safe_getattr(args, name))
-    if v not in choices:
-        raise ValueError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}, got {v!r}")
-    return v
 
 
 class ClassificationHead(nn.Module):
@@ -174,15 +150,15 @@ class RFAClassifierModel(BaseFairseqModel):
         rfa_classifier_base_architecture(args)  # fill what an older checkpoint's arguments may lack
         for name in ("encoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads",
                      "max_positions"):
-            _positive_int(args, name)
+            positive_int(flag(name), safe_getattr(args, name))
         if args.classifier_mlp_dim < 0:
             raise ValueError(f"--classifier-mlp-dim must be 0 (the FFN size) or positive, got {args.classifier_mlp_dim!r}")
-        attention = attention_config_from(args)  # the translation model's checks of the same flags
-        _choice(args, "classifier_pooling", POOLINGS)
-        _choice(args, "classifier_head", CLASSIFIER_HEADS)
-        _choice(args, "pair_interaction", PAIR_INTERACTIONS)
-        check_heads(args.encoder_embed_dim, args.encoder_attention_heads,
-                    "--encoder-embed-dim", "--encoder-attention-heads")
+        attention = encoder_attention_config_from(args)  # the checks of the translation model's encoder
+        for name, choices in (("classifier_pooling", POOLINGS), ("classifier_head", CLASSIFIER_HEADS),
+                              ("pair_interaction", PAIR_INTERACTIONS)):
+            one_of(flag(name), safe_getattr(args, name), choices)
+        divisible_heads(args.encoder_embed_dim, args.encoder_attention_heads,
+                        "--encoder-embed-dim", "--encoder-attention-heads")
         cfg = TransformerConfig.from_namespace(args)
         cfg.max_source_positions = args.max_positions
         dictionary = task.source_dictionary

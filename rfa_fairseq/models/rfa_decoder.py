@@ -123,7 +123,7 @@ class RFATransformerDecoder(TransformerDecoderBase):
                 raise RuntimeError(
                     "this checkpoint holds a softmax-attention decoder; an RFA architecture cannot "
                     "load it without an explicit conversion (its attention has no random features): "
-                    "python scripts/convert_from_softmax.py --input SOFTMAX.pt --output RFA.pt [--rfa-gate] "
+                    "rfa-convert-from-softmax --input SOFTMAX.pt --output RFA.pt [--rfa-gate] "
                     "writes the RFA model with every shared weight copied, ready for --finetune-from-model"
                 )
             state_dict[version_key] = torch.tensor([RFA_CHECKPOINT_VERSION])

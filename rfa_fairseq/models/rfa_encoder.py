@@ -8,24 +8,78 @@ positions out of the keys, the values and LARA's landmarks.
 
 With ``--encoder-attention softmax`` (the default) the model builds fairseq's own encoder
 instead, so softmax-encoder checkpoints hold exactly the weights they always did.
+
+:class:`EncoderAttentionConfig` holds the encoder's choices (``--encoder-attention``,
+``--encoder-feature-dim``, ``--lara-landmarks``), which the translation model and the classifier
+both have; :func:`encoder_attention_config_from` reads and checks them.
 """
+from dataclasses import dataclass, field, fields
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerEncoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
-from ..config import TranslationAttentionConfig
-from ..modules import build_encoder_self_attention
+from ..modules import ENCODER_ATTENTIONS, build_encoder_self_attention
+from ..validation import flag, one_of, positive_int
 
 # Encoder modules seed their random matrices with ids from here on, so that their draws never
 # coincide with the decoder's (whose modules are numbered 0, 1, ... from its first layer).
 ENCODER_MODULE_ID_BASE = 1 << 20
 
 
+@dataclass
+class EncoderAttentionConfig(FairseqDataclass):
+    """Which self-attention the encoder uses, and its size (translation and classification)."""
+
+    encoder_attention: ChoiceEnum(list(ENCODER_ATTENTIONS)) = field(
+        default="softmax",
+        metadata={"help": "the encoder's self-attention, non-causal over the source with padding excluded: softmax "
+                          "(fairseq's, quadratic in the source length), rfa (random Fourier features with a learned "
+                          "sigma, as the RFA decoder), favor (Performer's positive random features) or lara (linear "
+                          "randomized attention, Zheng et al. 2022, from --lara-landmarks landmarks); the linear "
+                          "kinds form no attention probabilities, so --attention-dropout does not apply to them"},
+    )
+    encoder_feature_dim: int = field(
+        default=64,
+        metadata={"help": "random features D per head of --encoder-attention rfa (phi has 2D values) or favor"},
+    )
+    lara_landmarks: int = field(
+        default=16,
+        metadata={"help": "landmarks C per head of --encoder-attention lara: segment means of the source's queries and "
+                          "keys, one proposal and one sample each (cost O(source length x C) per head)"},
+    )
+
+
+ENCODER_FIELDS = tuple(f.name for f in fields(EncoderAttentionConfig))
+_ENCODER_DEFAULTS = EncoderAttentionConfig()
+
+
+def encoder_attention_config_from(args) -> EncoderAttentionConfig:
+    """Read and validate the encoder's choices from a namespace, dataclass or DictConfig (missing
+    ones take their defaults). Raises ValueError naming the offending flag."""
+    values = {}
+    for name in ENCODER_FIELDS:
+        value = getattr(args, name, None)
+        values[name] = getattr(_ENCODER_DEFAULTS, name) if value is None else value
+    encoder = values["encoder_attention"] = one_of(flag("encoder_attention"), values["encoder_attention"],
+                                                   ENCODER_ATTENTIONS)
+    for name in ("encoder_feature_dim", "lara_landmarks"):
+        positive_int(flag(name), values[name])
+    if encoder not in ("rfa", "favor") and values["encoder_feature_dim"] != _ENCODER_DEFAULTS.encoder_feature_dim:
+        raise ValueError(f"--encoder-feature-dim sets the random features of --encoder-attention rfa or favor; "
+                         f"it does nothing with --encoder-attention {encoder}"
+                         + (" (LARA's samples are its landmarks: --lara-landmarks)" if encoder == "lara" else ""))
+    if encoder != "lara" and values["lara_landmarks"] != _ENCODER_DEFAULTS.lara_landmarks:
+        raise ValueError(f"--lara-landmarks needs --encoder-attention lara (got --encoder-attention {encoder})")
+    return EncoderAttentionConfig(**values)
+
+
 class RFATransformerEncoderLayer(TransformerEncoderLayerBase):
     """A fairseq encoder layer whose self-attention is of the kind ``attention.encoder_attention``."""
 
-    def __init__(self, cfg, attention: TranslationAttentionConfig, layer_idx: int, return_fc: bool = False):
+    def __init__(self, cfg, attention: EncoderAttentionConfig, layer_idx: int, return_fc: bool = False):
         # build_self_attention runs inside the parent constructor and needs these.
         self.attention, self.layer_idx = attention, layer_idx
         super().__init__(cfg, return_fc=return_fc)
@@ -44,7 +98,7 @@ class RFATransformerEncoder(TransformerEncoderBase):
     Args: as ``TransformerEncoderBase`` (a ``TransformerConfig``), plus the attention choices.
     """
 
-    def __init__(self, cfg, dictionary, embed_tokens, attention: TranslationAttentionConfig, return_fc=False):
+    def __init__(self, cfg, dictionary, embed_tokens, attention: EncoderAttentionConfig, return_fc=False):
         self.attention = attention
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)

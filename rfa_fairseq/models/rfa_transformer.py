@@ -21,16 +21,12 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 from omegaconf import OmegaConf
 
-from ..config import (RFAConfig, TranslationAttentionConfig, attention_config_from, drop_removed_fields,
-                      fill_attention_defaults, fill_rfa_defaults, rfa_config_from)
+from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
 from ..modules import CrossRFAttention
+from ..validation import divisible_heads
 from .rfa_decoder import RFATransformerDecoder
 from .rfa_encoder import RFATransformerEncoder
-
-
-def check_heads(embed_dim: int, heads: int, embed_flag: str, heads_flag: str):
-    if heads < 1 or embed_dim % heads != 0:
-        raise ValueError(f"{embed_flag} ({embed_dim}) must be divisible by {heads_flag} ({heads})")
+from .translation_config import TranslationAttentionConfig, attention_config_from, fill_attention_defaults
 
 
 @register_model("rfa_transformer")
@@ -50,20 +46,20 @@ class RFATransformerModel(TransformerModel):
             # fairseq-hydra-train passes a DictConfig; fairseq's TransformerConfig.from_namespace
             # keeps unknown (rfa_*) keys only from a Namespace, so convert (the config is flat).
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
-        drop_removed_fields(args)  # a checkpoint's arguments may name flags of earlier releases
         rfa_base_architecture(args)
         rfa_config_from(args)  # validate the --rfa-* flags before building anything
         attention = attention_config_from(args)
-        check_heads(args.decoder_embed_dim, args.decoder_attention_heads,
-                    "--decoder-embed-dim", "--decoder-attention-heads")
+        divisible_heads(args.decoder_embed_dim, args.decoder_attention_heads,
+                        "--decoder-embed-dim", "--decoder-attention-heads")
         if attention.encoder_attention != "softmax":
-            check_heads(args.encoder_embed_dim, args.encoder_attention_heads,
-                        "--encoder-embed-dim", "--encoder-attention-heads")
+            divisible_heads(args.encoder_embed_dim, args.encoder_attention_heads,
+                            "--encoder-embed-dim", "--encoder-attention-heads")
         return super().build_model(args, task)
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        # A checkpoint saved before --cross-attention existed has RFA cross attention; built with the
-        # default softmax one, its weights would fail to load with a list of key names instead.
+        # Weights with the other kind of cross attention than the model was built with (a checkpoint
+        # finetuned or loaded with another --cross-attention) would fail to load with a list of key
+        # names instead: name the choice that loads them.
         prefix = "decoder.layers.0.encoder_attn."
         built = dict(self.named_modules()).get(prefix[:-1])
         if built is not None and any(key.startswith(prefix) for key in state_dict):

@@ -18,8 +18,8 @@ from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from fairseq.utils import safe_getattr
 
 from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
+from ..validation import divisible_heads
 from .rfa_decoder import RFATransformerDecoder
-from .rfa_transformer import check_heads
 
 
 @dataclass
@@ -34,8 +34,8 @@ class RFATransformerLanguageModel(TransformerLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         rfa = rfa_config_from(args)  # validate the --rfa-* flags before building anything
-        check_heads(args.decoder_embed_dim, args.decoder_attention_heads,
-                    "--decoder-embed-dim", "--decoder-attention-heads")
+        divisible_heads(args.decoder_embed_dim, args.decoder_attention_heads,
+                        "--decoder-embed-dim", "--decoder-attention-heads")
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if safe_getattr(args, "max_target_positions", None) is None:
@@ -45,6 +45,10 @@ class RFATransformerLanguageModel(TransformerLanguageModel):
             rfa=rfa, no_encoder_attn=True,
         )
         return cls(decoder)
+
+    def set_beam_size(self, beam_size):
+        """Called by fairseq's SequenceGenerator (for beams above 1): see RFATransformerDecoder."""
+        self.decoder.set_beam_size(beam_size)
 
     @classmethod
     def build_lm_input_embedding(cls, args, task):

@@ -22,6 +22,7 @@ from typing import Optional, Tuple
 from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
+from ..validation import divisible_heads, positive_int
 from .cross_rfa_attention import CrossRFAttention
 from .lara_attention import LARAttention, check_self_attention_call
 from .random_feature_map import RandomFeatureMap
@@ -65,16 +66,13 @@ def build_encoder_self_attention(kind: str, embed_dim: int, num_heads: int, drop
     """
     if kind not in ENCODER_ATTENTIONS:
         raise ValueError(f"encoder attention must be one of {ENCODER_ATTENTIONS}, got {kind!r}")
-    if num_heads < 1 or embed_dim % num_heads != 0:
-        raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+    divisible_heads(embed_dim, num_heads)
     if kind == "softmax":
         return MultiheadAttention(embed_dim, num_heads, dropout=dropout, self_attention=True)
     if kind == "lara":
-        if isinstance(landmarks, bool) or not isinstance(landmarks, int) or landmarks < 1:
-            raise ValueError(f"landmarks must be a positive integer, got {landmarks!r}")
+        positive_int("landmarks", landmarks)
         return LARAttention(embed_dim, num_heads, landmarks=landmarks)
-    if isinstance(feature_dim, bool) or not isinstance(feature_dim, int) or feature_dim < 1:
-        raise ValueError(f"feature_dim must be a positive integer, got {feature_dim!r}")
+    positive_int("feature_dim", feature_dim)
     feature_map = RandomFeatureMap(num_heads=num_heads, head_dim=embed_dim // num_heads, num_features=feature_dim,
                                    kernel=RFA_KERNELS[kind], module_id=module_id)
     return EncoderRFAttention(embed_dim, num_heads, feature_map)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ..ops.denominator import cast_finite
 from ..ops.lara import lara
+from ..validation import divisible_heads, positive_int
 from .heads import merge_heads, split_heads
 from .rfa_attention_base import init_projection
 
@@ -47,10 +48,8 @@ class LARAttention(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, landmarks: int = 16, bias: bool = True,
                  alpha_coeff: float = 1.0):
         super().__init__()
-        if embed_dim % num_heads != 0:
-            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
-        if landmarks < 1:
-            raise ValueError(f"landmarks must be a positive integer, got {landmarks!r}")
+        divisible_heads(embed_dim, num_heads)
+        positive_int("landmarks", landmarks)
         self.embed_dim, self.num_heads, self.landmarks = embed_dim, num_heads, landmarks
         self.head_dim = embed_dim // num_heads
         self.alpha_coeff = alpha_coeff

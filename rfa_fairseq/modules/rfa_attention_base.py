@@ -6,6 +6,7 @@ from fairseq.incremental_decoding_utils import with_incremental_state
 from torch import Tensor, nn
 
 from ..ops.denominator import DEFAULT_EPS
+from ..validation import divisible_heads
 from .random_feature_map import RandomFeatureMap
 
 IncrementalState = Dict[str, Dict[str, Optional[Tensor]]]
@@ -27,8 +28,7 @@ class RFAttentionBase(nn.Module):
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, kdim: Optional[int] = None,
                  bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False):
         super().__init__()
-        if embed_dim % num_heads != 0:
-            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        divisible_heads(embed_dim, num_heads)
         kdim = kdim or embed_dim
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads

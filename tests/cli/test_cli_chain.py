@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from rfa_test_utils import REPO, USER_DIR, head_gz, load_script, multi30k_bin, run_cli
+from rfa_fairseq.cli import redraw_features
+from rfa_test_utils import BIN, REPO, USER_DIR, head_gz, multi30k_bin, run_cli
 
 TINY = ["--encoder-layers", "1", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
@@ -37,7 +38,7 @@ def test_translation_train_generate_resume(mt_data):
 
     # Checkpoint averaging: parameters averaged, random features from the newest checkpoint.
     avg = ckpt / "avg.pt"
-    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "average_checkpoints.py"), "--inputs", str(ckpt),
+    subprocess.run([os.path.join(BIN, "rfa-average-checkpoints"), "--inputs", str(ckpt),
                     "--num-update-checkpoints", "2", "--output", str(avg)], check=True, capture_output=True)
     import rfa_fairseq  # noqa: F401  (allow-list for weights_only loading)
     a, b, m = (torch.load(p, map_location="cpu", weights_only=True)["model"]
@@ -75,7 +76,6 @@ def test_translation_train_generate_resume(mt_data):
 
 
 def test_redraw_features_keeps_a_linear_encoders_matrices_and_refuses_cross_dims_without_rfa_cross():
-    redraw_features = load_script("scripts", "redraw_features.py")
     encoder, decoder = (f"{part}.layers.0.self_attn.feature_map.random_matrix" for part in ("encoder", "decoder"))
     state = {"cfg": {"model": {"rfa_random_matrix": "orthogonal"}},
              "model": {encoder: torch.zeros(4, 8, 8), decoder: torch.zeros(4, 8, 8)}}
@@ -124,7 +124,7 @@ def test_language_model_train_and_eval_lm(tmp_path):
 
 def _diagnostics(data, ckpt, tmp_path, split="valid"):
     out = tmp_path / "diagnostics.json"
-    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "rfa_diagnostics.py"), data, "--path", ckpt,
+    subprocess.run([os.path.join(BIN, "rfa-diagnostics"), data, "--path", ckpt,
                     "--gen-subset", split, "--json", out], check=True, capture_output=True)
     return json.loads(out.read_text())["modules"]
 
@@ -167,18 +167,18 @@ def test_other_feature_maps_end_to_end(mt_data, tmp_path, kernel):
 
 
 def test_redraw_features_keeps_the_model_and_changes_the_draws(mt_data, tmp_path):
-    """scripts/redraw_features.py: a seed gives the same matrices every time and other seeds other
+    """rfa-redraw-features: a seed gives the same matrices every time and other seeds other
     ones; more features load and decode; the rest of the checkpoint is unchanged."""
     ckpt = tmp_path / "ckpt"
     run_cli("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
             "--cross-attention", "rfa", "--share-all-embeddings", *TINY, *TRAIN, "--max-update", "1", "--save-dir", ckpt,
             "--no-epoch-checkpoints")
-    script = os.path.join(REPO, "scripts", "redraw_features.py")
+    script = os.path.join(BIN, "rfa-redraw-features")
     src = ckpt / "checkpoint_last.pt"
     for name, extra in (("a", ["--seed", "5"]), ("b", ["--seed", "5"]), ("c", ["--seed", "6"]),
                         ("big", ["--seed", "5", "--causal-feature-dim", "80", "--cross-feature-dim", "100"]),
                         ("x3", ["--seed", "5", "--feature-scale", "3"])):
-        subprocess.run([sys.executable, script, src, tmp_path / f"{name}.pt", *extra], check=True, capture_output=True)
+        subprocess.run([script, src, tmp_path / f"{name}.pt", *extra], check=True, capture_output=True)
     load = lambda n: torch.load(tmp_path / f"{n}.pt", map_location="cpu", weights_only=False)  # noqa: E731
     old = torch.load(src, map_location="cpu", weights_only=False)
     a, b, c, big, x3 = load("a"), load("b"), load("c"), load("big"), load("x3")
@@ -196,6 +196,6 @@ def test_redraw_features_keeps_the_model_and_changes_the_draws(mt_data, tmp_path
                   "--gen-subset", "test", "--beam", "2", "--max-len-b", "6", "--required-batch-size-multiple", "1",
                   "--cpu")
     assert len(re.findall(r"^H-\d+\t", out, flags=re.M)) == 12
-    bad = subprocess.run([sys.executable, script, src, tmp_path / "x.pt", "--seed", "1", "--causal-feature-dim", "0"],
+    bad = subprocess.run([script, src, tmp_path / "x.pt", "--seed", "1", "--causal-feature-dim", "0"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "--causal-feature-dim" in bad.stderr

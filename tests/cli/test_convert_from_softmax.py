@@ -1,4 +1,4 @@
-"""scripts/convert_from_softmax.py: softmax transformer checkpoints (translation and language
+"""rfa-convert-from-softmax: softmax transformer checkpoints (translation and language
 model, current and legacy format) become RFA checkpoints with every shared weight copied, that
 fairseq-generate (beam search), fairseq-eval-lm and fairseq-train --finetune-from-model accept;
 non-transformer and already-RFA inputs are refused by name."""
@@ -8,9 +8,8 @@ import re
 import pytest
 import torch
 
-from rfa_test_utils import USER_DIR, load_script, multi30k_bin, run_cli
-
-convert_from_softmax = load_script("scripts", "convert_from_softmax.py")
+from rfa_fairseq.cli import convert_from_softmax
+from rfa_test_utils import USER_DIR, multi30k_bin, run_cli
 
 DIMS = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
         "--decoder-attention-heads", "4"]
@@ -138,8 +137,8 @@ def test_refuses_rfa_and_non_transformer_checkpoints(softmax, tmp_path, capsys):
     assert not (tmp_path / "out.pt").exists()
 
 
-def test_loading_softmax_into_rfa_points_to_the_script(softmax, tmp_path):
+def test_loading_softmax_into_rfa_points_to_the_conversion(softmax, tmp_path):
     proc = run_cli("fairseq-eval-lm", softmax["dir"] / "lm", "--user-dir", USER_DIR, "--path", softmax["lm"],
                    "--model-overrides", "{'_name': 'rfa_transformer_lm'}", "--gen-subset", "test",
                    "--tokens-per-sample", "32", "--max-tokens", "2048", "--cpu", check=False)
-    assert proc.returncode != 0 and "scripts/convert_from_softmax.py" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode != 0 and "rfa-convert-from-softmax" in proc.stderr, proc.stderr[-2000:]

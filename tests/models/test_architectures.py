@@ -73,12 +73,11 @@ def test_unknown_choices_rejected_by_parser(lm_model, translation_model, capsys,
         assert flag in capsys.readouterr().err
 
 
-def test_models_saved_before_the_gate_bias_default_changed_still_build(translation_model, lm_model):
-    """A model without the gate saved when --rfa-gate-bias defaulted to 0 carries that 0 in its
-    arguments: it must still build (and load)."""
+def test_gate_bias_without_the_gate_is_refused_even_at_the_papers_value(translation_model, lm_model):
+    """Without --rfa-gate there is no gate to start: any --rfa-gate-bias but the default is refused."""
     for make in (translation_model, lm_model):
-        _, model = make("--rfa-gate-bias", "0")
-        assert all(layer.self_attn.gate_proj is None for layer in model.decoder.layers)
+        with pytest.raises(ValueError, match="need --rfa-gate"):
+            make("--rfa-gate-bias", "0")
 
 
 def test_gate_flags_reach_the_modules(translation_model, lm_model):
@@ -141,25 +140,3 @@ def test_language_model_recompute_flag(lm_model):
     _, model = lm_model("--rfa-recompute")
     assert all(layer.self_attn.recompute for layer in model.decoder.layers)
 
-
-def test_the_removed_decode_kernel_flag_is_refused_on_the_command_line(translation_model):
-    """--rfa-decode-kernel chose a compiled CPU path that no longer exists: argparse refuses it
-    by name instead of accepting a flag that does nothing (checkpoints that carry it still load:
-    tests/models/test_checkpoints.py)."""
-    with pytest.raises(SystemExit):
-        translation_model("--rfa-decode-kernel", "torch")
-
-
-def test_removed_fields_are_dropped_from_saved_arguments():
-    from argparse import Namespace
-
-    from omegaconf import OmegaConf
-
-    from rfa_fairseq.config import drop_removed_fields, rfa_config_from
-
-    ns = Namespace(rfa_decode_kernel="cpp", rfa_gate=True)
-    drop_removed_fields(ns)
-    assert vars(ns) == {"rfa_gate": True}
-    cfg = OmegaConf.create({"rfa_decode_kernel": "auto", "rfa_eps": 0.5})
-    drop_removed_fields(cfg)
-    assert list(cfg) == ["rfa_eps"] and rfa_config_from(cfg).rfa_eps == 0.5

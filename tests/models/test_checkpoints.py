@@ -84,8 +84,8 @@ def test_rfa_checkpoint_round_trip_keeps_random_features(translation_model, tmp_
 
 @pytest.mark.parametrize("saved,built", [("rfa", "softmax"), ("softmax", "rfa")])
 def test_cross_attention_mismatch_names_the_flag_that_loads_it(translation_model, saved, built):
-    """Weights with one kind of cross attention loaded into a model built with the other (as a
-    checkpoint saved before --cross-attention existed, which has rfa, into the default softmax)."""
+    """Weights with one kind of cross attention loaded into a model built with the other (a
+    checkpoint finetuned or decoded with another --cross-attention than it was trained with)."""
     def model(kind):
         return translation_model("--rfa-gate", "--cross-attention", kind, rfa_flags=False)[1]
 
@@ -93,3 +93,44 @@ def test_cross_attention_mismatch_names_the_flag_that_loads_it(translation_model
     with pytest.raises(ValueError, match=f"checkpoint has {saved} cross attention and the model was built with {built}.*{fix}"):
         model(built).load_state_dict(model(saved).state_dict())
     model(saved).load_state_dict(model(saved).state_dict())  # the same kind loads
+
+
+def test_a_saved_checkpoint_loads_and_decodes_identically(tmp_path):
+    """A checkpoint of the current format (fairseq's layout: the config as a plain container, the
+    state dict with its rfa_version) loads through fairseq's loader into the same model: the same
+    arguments, the same weights and random draws, the same beam search hypotheses and scores."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.sequence_generator import SequenceGenerator
+    from omegaconf import OmegaConf
+
+    from rfa_test_utils import TINY_ENCODER, TINY_MODEL, build_from_cli, random_tokens, write_dict
+
+    write_dict(tmp_path / "dict.de.txt", 46)
+    write_dict(tmp_path / "dict.en.txt", 46)
+    torch.manual_seed(0)
+    task, model, args = build_from_cli(tmp_path, ["--task", "translation", "--source-lang", "de", "--target-lang",
+                                                  "en", "--arch", "rfa_transformer", "--rfa-gate", "--cross-attention", "rfa"]
+                                       + TINY_ENCODER + TINY_MODEL)
+    cfg = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
+    path = tmp_path / "checkpoint_last.pt"
+    torch.save({"cfg": cfg, "model": model.state_dict(), "extra_state": {},
+                "optimizer_history": [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam",
+                                       "lr_scheduler_state": {}, "num_updates": 0}]}, path)
+
+    (loaded,), saved_cfg, _ = checkpoint_utils.load_model_ensemble_and_task([str(path)])
+    assert saved_cfg.model.rfa_gate is True and saved_cfg.model.cross_attention == "rfa"
+    assert int(loaded.decoder.rfa_version[0]) == RFA_CHECKPOINT_VERSION
+    assert model.state_dict().keys() == loaded.state_dict().keys()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+
+    src = random_tokens(task.source_dictionary, 3, 9, torch.Generator().manual_seed(1))
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((3,), 9)}}
+    hyps = []
+    for m in (model, loaded):
+        m.eval()
+        generator = SequenceGenerator([m], task.target_dictionary, beam_size=3, max_len_b=12)
+        hyps.append(generator.generate([m], sample))
+    for a, b in zip(*hyps):
+        for x, y in zip(a, b):
+            assert torch.equal(x["tokens"], y["tokens"]) and torch.equal(x["score"], y["score"])

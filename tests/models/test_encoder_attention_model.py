@@ -1,19 +1,15 @@
 """rfa_transformer with --encoder-attention / --decoder-attention: what each choice builds, that
-it trains (finite gradients everywhere), that the defaults build the model as before (an old
-checkpoint's arguments lack the new fields), validation errors, and distinct random draws."""
-import argparse
-import re
-
+it trains (finite gradients everywhere), what the defaults build, validation errors, and distinct
+random draws."""
 import pytest
 import torch
 from fairseq.models.transformer import TransformerDecoderBase, TransformerEncoderBase
 from fairseq.modules import MultiheadAttention
 
-from rfa_fairseq.config import ATTENTION_FIELDS
 from rfa_fairseq.models import RFATransformerDecoder, RFATransformerModel
 from rfa_fairseq.models.rfa_encoder import RFATransformerEncoder
-from rfa_fairseq.modules import CrossRFAttention, EncoderRFAttention, LARAttention
-from rfa_test_utils import TINY_ENCODER, TINY_MODEL, build_from_cli, random_tokens
+from rfa_fairseq.modules import EncoderRFAttention, LARAttention
+from rfa_test_utils import random_tokens
 
 EXPECTED = {"rfa": EncoderRFAttention, "favor": EncoderRFAttention, "lara": LARAttention}
 
@@ -46,9 +42,8 @@ def test_each_choice_builds_and_trains(translation_model, kind, decoder):
             assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().max() > 0, name
 
 
-def test_defaults_build_the_model_as_before(translation_model):
-    """Without the encoder and decoder choices (as in an old checkpoint's arguments): fairseq's own
-    softmax encoder, the RFA decoder, and a state dict that loads strictly into a model built with
+def test_defaults_build_a_softmax_encoder_and_the_rfa_decoder(translation_model):
+    """Without the encoder and decoder choices: fairseq's own softmax encoder, the RFA decoder, and a state dict that loads strictly into a model built with
     explicit defaults."""
     task, model = translation_model()
     assert type(model.encoder) is TransformerEncoderBase
@@ -57,24 +52,6 @@ def test_defaults_build_the_model_as_before(translation_model):
     _, explicit = translation_model("--encoder-attention", "softmax", "--decoder-attention", "rfa")
     explicit.load_state_dict(model.state_dict(), strict=True)
     assert model.state_dict().keys() == explicit.state_dict().keys()
-
-
-def test_old_arguments_without_the_fields_build_with_defaults(translation_model, tmp_path):
-    translation_model()  # writes the dictionaries
-    task, _, args = build_from_cli(tmp_path, ["--task", "translation", "--source-lang", "de", "--target-lang", "en",
-                                              "--arch", "rfa_transformer", "--encoder-attention", "lara",
-                                              "--cross-attention", "rfa"] + TINY_ENCODER + TINY_MODEL)
-    args = argparse.Namespace(**vars(args))
-    for name in ATTENTION_FIELDS:
-        delattr(args, name)
-    # its cross attention was RFA (--rfa-cross-feature-dim 96), the default is softmax: refused with the fix
-    with pytest.raises(ValueError, match=re.escape("--model-overrides \"{'cross_attention': 'rfa'}\" loads it")):
-        RFATransformerModel.build_model(argparse.Namespace(**vars(args)), task)
-    args.cross_attention = "rfa"  # what the override sets
-    old = RFATransformerModel.build_model(args, task)
-    assert type(old.encoder) is TransformerEncoderBase and isinstance(old.decoder, RFATransformerDecoder)
-    assert args.encoder_attention == "softmax" and args.decoder_attention == "rfa"
-    assert all(isinstance(layer.encoder_attn, CrossRFAttention) for layer in old.decoder.layers)
 
 
 def test_checkpoint_round_trip_keeps_encoder_draws(translation_model, tmp_path):

@@ -1,0 +1,95 @@
+"""Average the parameters of the last N checkpoints of an (RFA) fairseq model.
+
+Same flags as fairseq's scripts/average_checkpoints.py (which the fairseq-fixed wheel does not
+ship), e.g.
+
+    rfa-average-checkpoints --inputs ckpt/ --num-update-checkpoints 10 --output ckpt/avg10.pt
+    rfa-average-checkpoints --inputs a.pt b.pt c.pt --output avg.pt
+
+Floating-point parameters and buffers are averaged, except the random feature matrices
+(``*.feature_map.random_matrix``): an average of independent random draws is not a random
+feature matrix (its rows shrink towards zero and the kernel estimate is biased), so those, like
+integer buffers, are taken from the newest checkpoint (the highest update count). Checkpoints
+are read with ``weights_only=True``; importing rfa_fairseq allow-lists what fairseq stores.
+"""
+import argparse
+import os
+import re
+
+import torch
+
+# importing the package (rfa_fairseq/__init__.py) sets the safe unpickler's allow-list
+
+KEEP_FROM_NEWEST = ("feature_map.random_matrix",)
+
+
+def last_checkpoints(directory, count, by_update, upper_bound=None):
+    pattern = re.compile(r"checkpoint_\d+_(\d+)\.pt$" if by_update else r"checkpoint(\d+)\.pt$")
+    found = []
+    for name in os.listdir(directory):
+        m = pattern.match(name)
+        if m and (upper_bound is None or int(m.group(1)) <= upper_bound):
+            found.append((int(m.group(1)), os.path.join(directory, name)))
+    if len(found) < count:
+        raise SystemExit(f"found {len(found)} matching checkpoints in {directory}, need {count}")
+    return [path for _, path in sorted(found, reverse=True)[:count]]
+
+
+def _num_updates(state):
+    history = state.get("optimizer_history") or [{}]
+    return history[-1].get("num_updates", 0)
+
+
+def average_checkpoints(paths):
+    """Return the newest checkpoint's dict with its ``model`` replaced by the average."""
+    total, newest, newest_updates = None, None, -1
+    keys = None
+    for path in paths:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        model = state["model"]
+        if keys is None:
+            keys = list(model.keys())
+            total = {k: model[k].double().clone() if model[k].is_floating_point() else None for k in keys}
+        elif list(model.keys()) != keys:
+            raise SystemExit(f"{path} has different parameters than {paths[0]}: not the same architecture")
+        else:
+            for k in keys:
+                if total[k] is not None:
+                    total[k] += model[k].double()
+        if _num_updates(state) >= newest_updates:
+            newest, newest_updates = state, _num_updates(state)
+    averaged = {}
+    for k in keys:
+        ref = newest["model"][k]
+        if total[k] is None or k.endswith(KEEP_FROM_NEWEST):
+            averaged[k] = ref
+        else:
+            averaged[k] = (total[k] / len(paths)).to(ref.dtype)
+    newest["model"] = averaged
+    return newest
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="rfa-average-checkpoints", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--inputs", required=True, nargs="+", help="checkpoint files, or one directory")
+    parser.add_argument("--output", required=True, help="where to write the averaged checkpoint")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--num-epoch-checkpoints", type=int, help="average the last N checkpointEPOCH.pt")
+    group.add_argument("--num-update-checkpoints", type=int, help="average the last N checkpoint_E_UPDATE.pt")
+    parser.add_argument("--checkpoint-upper-bound", type=int, help="ignore checkpoints after this epoch/update")
+    args = parser.parse_args(argv)
+    if args.num_epoch_checkpoints or args.num_update_checkpoints:
+        if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
+            parser.error("--num-*-checkpoints needs --inputs to be a single directory")
+        by_update = args.num_update_checkpoints is not None
+        count = args.num_update_checkpoints if by_update else args.num_epoch_checkpoints
+        paths = last_checkpoints(args.inputs[0], count, by_update, args.checkpoint_upper_bound)
+    else:
+        paths = args.inputs
+    print(f"averaging {len(paths)} checkpoints: {', '.join(paths)}")
+    torch.save(average_checkpoints(paths), args.output)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

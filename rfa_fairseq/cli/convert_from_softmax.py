@@ -1,0 +1,221 @@
+"""Convert a trained fairseq softmax transformer into the matching RFA model, ready to finetune.
+
+    rfa-convert-from-softmax --input softmax.pt --output rfa.pt [--rfa-gate] [--rfa-* ...]
+    fairseq-train DATA --user-dir rfa_fairseq --finetune-from-model rfa.pt --arch <printed arch> ...
+
+Kasai et al. (2021, "Finetuning Pretrained Transformers into RNNs") turn a pretrained transformer
+into a recurrent one by swapping its attention and finetuning briefly. This script does the swap
+for fairseq ``transformer*`` (translation) and ``transformer_lm*`` (language model) checkpoints:
+the output is a checkpoint of the RFA architecture of the same name (``rfa_`` + the source's, or
+the base ``rfa_transformer`` / ``rfa_transformer_lm`` with the source's dimensions), with the
+source's dictionaries and task arguments, and every weight the two models share copied: encoder,
+embeddings, the attention projections (q, k, v, out), FFNs, norms, output projection. The RFA
+parameters are initialised as in a new model, seeded by ``--seed``: sigma (``--rfa-init-sigma``),
+the random matrices, the gate (``--rfa-gate``, ``--rfa-gate-bias``). fairseq-generate,
+fairseq-eval-lm and fairseq-train --finetune-from-model read the output directly (with
+``--user-dir rfa_fairseq``). A translation model keeps its trained cross attention (fairseq's
+softmax, the RFA decoder's default), so that only the decoder's self-attention changes;
+``--cross-attention rfa`` replaces it too (the paper's model). The optimizer state is dropped: it
+belonged to other parameters.
+
+The input is read with torch.load(weights_only=True) (the classes fairseq checkpoints pickle are
+allow-listed by the plugin), including legacy checkpoints whose arguments are an argparse
+Namespace; the output is in the current format.
+"""
+import argparse
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from fairseq import models
+from fairseq.checkpoint_utils import _upgrade_state_dict
+from fairseq.data import Dictionary
+from fairseq.dataclass.utils import gen_parser_from_dataclass
+from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.models.transformer import TransformerModel
+from fairseq.models.transformer_lm import TransformerLanguageModel
+from omegaconf import OmegaConf, open_dict
+
+# importing the package registers the RFA models and allow-lists fairseq's checkpoint classes
+from ..config import RFA_FIELDS, RFAConfig, flag, rfa_config_from
+from ..models.translation_config import CROSS_ATTENTIONS, TranslationAttentionConfig, attention_config_from
+
+# source model class -> the base RFA architecture for source archs with no rfa_ twin
+BASE_RFA_ARCH = {TransformerModel: "rfa_transformer", TransformerLanguageModel: "rfa_transformer_lm"}
+
+
+class ConversionError(ValueError):
+    pass
+
+
+def load_checkpoint(path) -> dict:
+    """The checkpoint, loaded safely and upgraded as fairseq upgrades it (legacy ``args`` become
+    ``cfg``)."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or "model" not in state:
+        raise ConversionError(f"{path} is not a fairseq checkpoint (no 'model' entry)")
+    if state.get("cfg") is not None:
+        state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
+    elif state.get("args") is None:
+        raise ConversionError(f"{path} has neither 'cfg' nor 'args': not a fairseq checkpoint")
+    state.setdefault("extra_state", {})  # fairseq's upgrade expects it
+    return _upgrade_state_dict(state)
+
+
+def _get(cfg, name):
+    return cfg.get(name) if OmegaConf.is_config(cfg) or isinstance(cfg, dict) else getattr(cfg, name, None)
+
+
+def _set(cfg, name, value):
+    if OmegaConf.is_config(cfg):
+        with open_dict(cfg):
+            cfg[name] = value
+    else:
+        setattr(cfg, name, value)
+
+
+def rfa_arch_for(model_cfg, weights) -> str:
+    """The RFA architecture matching the source's, or a ConversionError saying why there is none."""
+    arch = _get(model_cfg, "_name") or _get(model_cfg, "arch")
+    if "decoder.rfa_version" in weights or str(arch).startswith("rfa_"):
+        raise ConversionError(f"this checkpoint is already an RFA model (arch {arch}): nothing to convert")
+    source = ARCH_MODEL_REGISTRY.get(arch)
+    if source not in BASE_RFA_ARCH:
+        raise ConversionError(
+            f"arch {arch!r} ({getattr(source, '__name__', 'not a registered fairseq architecture')}) is not a fairseq "
+            "softmax transformer: rfa-convert-from-softmax converts transformer* (translation) and transformer_lm* checkpoints"
+        )
+    twin = "rfa_" + arch
+    return twin if twin in ARCH_MODEL_REGISTRY else BASE_RFA_ARCH[source]
+
+
+def _dictionary(size: int) -> Dictionary:
+    """A stand-in dictionary of ``size`` symbols: building the model needs only its size and
+    special indices, so the source's data directory need not exist here."""
+    d = Dictionary()
+    for i in range(size - len(d)):
+        d.add_symbol(f"<w{i}>")
+    return d
+
+
+def _vocab_size(weights, prefix: str) -> int:
+    for key in (f"{prefix}.embed_tokens.weight", f"{prefix}.output_projection.weight"):
+        if key in weights:
+            return weights[key].size(0)
+    bands = [v for k, v in weights.items() if k.startswith(f"{prefix}.embed_tokens.embeddings.") and k.endswith(".0.weight")]
+    if bands:  # adaptive input: one embedding per frequency band
+        return sum(b.size(0) for b in bands)
+    raise ConversionError(f"cannot tell the vocabulary size of {prefix} (no embedding or output projection)")
+
+
+def stand_in_task(weights, language_model: bool):
+    tgt = _dictionary(_vocab_size(weights, "decoder"))
+    if language_model:
+        return SimpleNamespace(source_dictionary=tgt, target_dictionary=tgt, dictionary=tgt)
+    n_src = _vocab_size(weights, "encoder")
+    src = tgt if n_src == len(tgt) else _dictionary(n_src)
+    return SimpleNamespace(source_dictionary=src, target_dictionary=tgt)
+
+
+def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | None = None):
+    """Convert a loaded softmax checkpoint; returns ``(rfa checkpoint, rfa arch, RFA-only names)``.
+    A translation model's cross attention: ``cross_attention`` (default: the model's default,
+    softmax, which keeps the trained one as it is; ``"rfa"`` replaces it)."""
+    cfg, weights = state["cfg"], state["model"]
+    source_cfg = cfg.model
+    target = rfa_arch_for(source_cfg, weights)
+    language_model = target.startswith("rfa_transformer_lm")
+    task = stand_in_task(weights, language_model)
+
+    # The source model, loaded strictly: fairseq upgrades old key layouts on the way in, and a
+    # checkpoint that does not fit its own architecture fails here, not halfway through.
+    source = models.build_model(source_cfg, task, from_checkpoint=True)
+    source.load_state_dict(weights, strict=True, model_cfg=source_cfg)
+
+    rfa_cfg = OmegaConf.create(OmegaConf.to_container(source_cfg)) if OmegaConf.is_config(source_cfg) \
+        else argparse.Namespace(**vars(source_cfg))
+    _set(rfa_cfg, "_name", target)
+    if not OmegaConf.is_config(rfa_cfg):
+        rfa_cfg.arch = target
+    for name in RFA_FIELDS:
+        _set(rfa_cfg, name, rfa_flags.get(name))
+    rfa = rfa_config_from(rfa_cfg)  # validated, defaults filled
+    for name in RFA_FIELDS:
+        _set(rfa_cfg, name, getattr(rfa, name))
+    if language_model:
+        if cross_attention is not None:
+            raise ConversionError("--cross-attention applies to translation models; a language model has none")
+    else:
+        _set(rfa_cfg, "cross_attention", cross_attention or TranslationAttentionConfig().cross_attention)
+        attention_config_from(rfa_cfg)  # validated against the --rfa-cross-* flags
+    torch.manual_seed(seed)  # the RFA parameters' initialisation and random-matrix draws
+    model = models.build_model(rfa_cfg, task, from_checkpoint=True)
+
+    src, dst = source.state_dict(), model.state_dict()
+    not_carried = sorted(set(src) - set(dst))
+    if not_carried:
+        raise ConversionError(f"the RFA model has no place for these source weights: {', '.join(not_carried)}")
+    for name, tensor in src.items():
+        if dst[name].shape != tensor.shape:
+            raise ConversionError(f"{name}: source shape {tuple(tensor.shape)}, RFA model {tuple(dst[name].shape)}")
+        dst[name].copy_(tensor)  # state_dict tensors share the model's storage
+    rfa_only = sorted(set(dst) - set(src))
+
+    # as fairseq's trainer saves it: plain containers, the model arguments a Namespace or a dict
+    to_container = lambda c: OmegaConf.to_container(c, resolve=True, enum_to_str=True)  # noqa: E731
+    out_cfg = to_container(cfg)
+    out_cfg["model"] = to_container(rfa_cfg) if OmegaConf.is_config(rfa_cfg) else rfa_cfg
+    checkpoint = {
+        "args": None,
+        "cfg": out_cfg,
+        "model": model.state_dict(),
+        "criterion": None,
+        # fairseq's loader expects one history entry; update 0: finetuning starts here
+        "optimizer_history": [{
+            "criterion_name": state["optimizer_history"][-1].get("criterion_name", "CrossEntropyCriterion"),
+            "optimizer_name": state["optimizer_history"][-1].get("optimizer_name", "FairseqAdam"),
+            "lr_scheduler_state": {"best": None},
+            "num_updates": 0,
+        }],
+        "task_state": {},
+        "extra_state": {"train_iterator": {"epoch": 1, "iterations_in_epoch": 0},
+                        "converted_from_softmax": {"arch": str(_get(source_cfg, "_name") or _get(source_cfg, "arch"))}},
+    }
+    return checkpoint, target, rfa_only
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="rfa-convert-from-softmax", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", required=True, help="fairseq transformer* or transformer_lm* checkpoint")
+    parser.add_argument("--output", required=True, help="where to write the RFA checkpoint")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the RFA parameters' initialisation and draws")
+    parser.add_argument("--cross-attention", choices=CROSS_ATTENTIONS,
+                        help="translation: the converted decoder's cross attention, softmax (the default: the "
+                             "source's trained cross attention kept as it is; only the self-attention becomes RFA) "
+                             "or rfa (replaced too, the paper's model)")
+    gen_parser_from_dataclass(parser, RFAConfig())
+    args = parser.parse_args(argv)
+    try:
+        state = load_checkpoint(args.input)
+        checkpoint, arch, rfa_only = convert(state, {n: getattr(args, n) for n in RFA_FIELDS}, args.seed,
+                                             args.cross_attention)
+    except ValueError as e:  # a ConversionError, or a bad --rfa-* value named by rfa_config_from
+        sys.exit(f"rfa-convert-from-softmax: {args.input}: {e}")
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(checkpoint, args.output)
+    print(f"wrote {args.output}: {len(checkpoint['model']) - len(rfa_only)} weights copied, "
+          f"{len(rfa_only)} RFA tensors initialised")
+    # fairseq-train --finetune-from-model loads strictly: the model flags must build this same model
+    defaults = RFAConfig()
+    flags = [f"--arch {arch}"] + [flag(n) if v is True else f"{flag(n)} {v}" for n in RFA_FIELDS
+                                  if (v := getattr(args, n)) != getattr(defaults, n)]
+    if args.cross_attention not in (None, TranslationAttentionConfig().cross_attention):
+        flags.append(f"--cross-attention {args.cross_attention}")
+    print("finetune with: fairseq-train DATA --user-dir rfa_fairseq --finetune-from-model "
+          f"{args.output} {' '.join(flags)} (and the source's model dimensions)")
+
+
+if __name__ == "__main__":
+    main()

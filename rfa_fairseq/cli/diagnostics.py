@@ -1,0 +1,106 @@
+"""What a trained RFA model's attention does on a data split, layer by layer.
+
+    rfa-diagnostics DATA_BIN --path checkpoint_best.pt [--gen-subset valid]
+        [--max-tokens 4000] [--max-batches N] [--json out.json]
+
+Runs the model over the split as in training (teacher forcing, eval mode, no gradients) and
+prints for every RFA attention module of the decoder:
+
+- sigma, the learned scale of queries and keys (mean, min, max over heads and dimensions):
+  attention logits grow like sigma^2, so sigma near 1 means nearly uniform attention;
+- the mean gate g over real (non-padding) tokens, for RFA-Gate: about 1 / (1 - g) tokens of memory;
+- how often the denominator phi(q).z fell below --rfa-eps and was clamped (and how often it was
+  negative), in percent of the query positions times heads it was computed for.
+
+Works for the translation models (``rfa_transformer``) and the language models
+(``rfa_transformer_lm``); the task and its options come from the checkpoint.
+"""
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+USER_DIR = str(Path(__file__).resolve().parents[1])  # the rfa_fairseq package: fairseq's --user-dir
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="rfa-diagnostics", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("data", help="the fairseq-preprocess output directory")
+    p.add_argument("--path", required=True, help="checkpoint file")
+    p.add_argument("--gen-subset", default="valid", help="split to run over (default: valid)")
+    p.add_argument("--max-tokens", type=int, default=4000)
+    p.add_argument("--max-batches", type=int, default=None, help="stop after this many batches")
+    p.add_argument("--json", default=None, help="also write the figures to this file")
+    args = p.parse_args(argv)
+
+    from fairseq import checkpoint_utils, utils
+
+    from ..modules import CausalRFAttention, CrossRFAttention
+    from ..ops.denominator import count_clamped
+
+    utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
+    if not Path(args.path).is_file():
+        p.error(f"--path: no checkpoint at {args.path}")
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides={"data": args.data})
+    model = models[0].eval()
+    modules = {name: m for name, m in model.named_modules() if isinstance(m, (CausalRFAttention, CrossRFAttention))}
+    if not modules:
+        p.error(f"{args.path} has no RFA attention modules (a softmax model?)")
+    task.load_dataset(args.gen_subset)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(args.gen_subset), max_tokens=args.max_tokens,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=True, seed=1,
+    ).next_epoch_itr(shuffle=False)
+
+    gate_sum = {name: 0.0 for name, m in modules.items() if getattr(m, "gate_proj", None) is not None}
+    gate_count = {name: 0 for name in gate_sum}
+    real = {}  # the current batch's non-padding positions, [T, B, 1]
+    hooks = []
+    with count_clamped() as counter:
+        for name, m in modules.items():
+            hooks.append(m.register_forward_pre_hook(lambda mod, inp, name=name: setattr(counter, "label", name)))
+            if name in gate_sum:
+                def record_gate(mod, inp, out, name=name):
+                    g = torch.sigmoid(out.float()) * real["mask"]
+                    gate_sum[name] += g.sum().item()
+                    gate_count[name] += int(real["mask"].sum().item()) * out.size(-1)
+                hooks.append(m.gate_proj.register_forward_hook(record_gate))
+        batches = 0
+        with torch.no_grad():
+            for sample in itr:
+                tokens = sample["net_input"].get("prev_output_tokens", sample["net_input"].get("src_tokens"))
+                real["mask"] = tokens.ne(task.target_dictionary.pad()).t().unsqueeze(-1).float()
+                model(**sample["net_input"])
+                batches += 1
+                if args.max_batches is not None and batches >= args.max_batches:
+                    break
+        for h in hooks:
+            h.remove()
+
+    rows = []
+    for name, m in modules.items():
+        sigma = m.feature_map.sigma.detach().float()
+        seen = counter.seen.get(name, 0)
+        rows.append({
+            "module": name, "kind": type(m).__name__, "kernel": m.feature_map.kernel,
+            "sigma_mean": sigma.mean().item(), "sigma_min": sigma.min().item(), "sigma_max": sigma.max().item(),
+            "mean_gate": gate_sum[name] / max(gate_count[name], 1) if name in gate_sum else None,
+            "clamped_pct": 100.0 * counter.clamped.get(name, 0) / max(seen, 1),
+            "negative_pct": 100.0 * counter.negative.get(name, 0) / max(seen, 1),
+            "denominators": seen,
+        })
+    print(f"{args.path} on {args.gen_subset} ({batches} batches), eps {modules[next(iter(modules))].eps}")
+    print(f"{'module':42s} {'sigma mean [min, max]':>24s} {'mean gate':>9s} {'clamped %':>9s} {'neg %':>7s}")
+    for r in rows:
+        gate = "-" if r["mean_gate"] is None else f"{r['mean_gate']:.3f}"
+        print(f"{r['module']:42s} {r['sigma_mean']:8.3f} [{r['sigma_min']:6.3f}, {r['sigma_max']:6.3f}] "
+              f"{gate:>9s} {r['clamped_pct']:9.3f} {r['negative_pct']:7.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"checkpoint": args.path, "split": args.gen_subset,
+                                               "batches": batches, "modules": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Write a copy of an RFA checkpoint with newly drawn random matrices, optionally more of them.
+
+    rfa-redraw-features CKPT OUT --seed 2
+    rfa-redraw-features CKPT OUT --seed 2 --causal-feature-dim 256 --cross-feature-dim 512
+    rfa-redraw-features CKPT OUT --seed 2 --feature-scale 4     # 4x the features of each
+
+A trained model decodes with the random matrices saved in its checkpoint (the last ones drawn in
+training). Decoding the same model with other draws (``--seed``) shows how much of its BLEU or
+perplexity depends on the feature noise; more random features (``--*-feature-dim``) lower that
+noise at a higher decoding cost. Everything else in the checkpoint (weights, sigma, optimizer
+state, arguments other than the feature sizes) is kept as it is. Matrices are drawn as in
+training (``--rfa-random-matrix`` of the checkpoint), seeded from ``--seed`` and the module. Only
+the decoder's matrices are redrawn: a linear encoder's (``--encoder-attention rfa``, ``favor``)
+are kept.
+"""
+import argparse
+
+import torch
+
+# importing the package allow-lists what fairseq checkpoints pickle
+from ..modules.random_feature_map import draw_seed
+from ..ops import sample_random_matrix
+from ..validation import positive_int
+
+SUFFIX = ".feature_map.random_matrix"
+
+
+def model_args(state):
+    cfg = state.get("cfg") or {}
+    args = cfg.get("model") if isinstance(cfg, dict) else getattr(cfg, "model", None)
+    return args if args is not None else state.get("args")
+
+
+def redraw(state: dict, seed: int, causal_dim=None, cross_dim=None, scale: int = 1) -> int:
+    """Redraw every random matrix of ``state`` (a loaded checkpoint) in place, with ``causal_dim``
+    and ``cross_dim`` random rows (default: ``scale`` times the saved number); returns how many."""
+    args = model_args(state)
+    kind = args.get("rfa_random_matrix") if isinstance(args, dict) else getattr(args, "rfa_random_matrix", None)
+    if kind is None:
+        raise ValueError("this checkpoint has no RFA model arguments (not an rfa_fairseq model?)")
+    kind = str(kind)
+    weights = state["model"]
+    names = sorted(n for n in weights if n.endswith(SUFFIX) and n.startswith("decoder."))
+    if not names:
+        raise ValueError("this checkpoint has no random matrices in its decoder (not an RFA model?)")
+    if cross_dim is not None and not any(".encoder_attn." in n for n in names):
+        raise ValueError("--cross-feature-dim: this model's cross attention has no random features "
+                         "(--cross-attention softmax)")
+    dims = {}
+    for name in names:
+        H, D, K = weights[name].shape
+        cross = ".encoder_attn." in name
+        new_d = (cross_dim if cross else causal_dim) or scale * D
+        dims["rfa_cross_feature_dim" if cross else "rfa_causal_feature_dim"] = new_d
+        layer = int(name.split(".layers.")[1].split(".")[0])
+        module_id = 2 * layer + int(cross)  # as the decoder numbers its feature maps
+        gen = torch.Generator().manual_seed(draw_seed(seed, 0, module_id))
+        weights[name] = sample_random_matrix(kind, H, new_d, K, gen).to(weights[name].dtype)
+    for flag, value in dims.items():
+        if isinstance(args, dict):
+            args[flag] = value
+        else:
+            setattr(args, flag, value)
+    return len(names)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="rfa-redraw-features", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint")
+    p.add_argument("out")
+    p.add_argument("--seed", type=int, required=True, help="seed of the new draws")
+    p.add_argument("--causal-feature-dim", type=int, default=None, help="random features of causal attention")
+    p.add_argument("--cross-feature-dim", type=int, default=None, help="random features of cross attention")
+    p.add_argument("--feature-scale", type=int, default=1,
+                   help="without the two flags above: this many times the saved number of random features")
+    args = p.parse_args(argv)
+    for flag in ("causal_feature_dim", "cross_feature_dim", "feature_scale"):
+        if getattr(args, flag) is not None:
+            try:
+                positive_int("--" + flag.replace("_", "-"), getattr(args, flag))
+            except ValueError as e:
+                p.error(str(e))
+    state = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+    try:
+        n = redraw(state, args.seed, args.causal_feature_dim, args.cross_feature_dim, args.feature_scale)
+    except ValueError as e:
+        p.error(f"{args.checkpoint}: {e}")
+    torch.save(state, args.out)
+    print(f"{args.out}: {n} random matrices drawn with seed {args.seed}")
+
+
+if __name__ == "__main__":
+    main()

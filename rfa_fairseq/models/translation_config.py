@@ -1,0 +1,68 @@
+"""The translation model's attention choices (``rfa_transformer`` only), and their checks.
+
+Not ``--rfa-*`` flags: they choose between attentions (the encoder's, :class:`EncoderAttentionConfig`;
+the decoder's and its cross attention's, here), and the ``--rfa-*`` flags (``rfa_fairseq.config``)
+shape the RFA decoder.
+"""
+from dataclasses import dataclass, field, fields
+
+from fairseq.dataclass import ChoiceEnum
+
+from ..config import RFA_FIELDS, refuse_changed
+from ..validation import flag, one_of
+from .rfa_encoder import ENCODER_FIELDS, EncoderAttentionConfig, encoder_attention_config_from
+
+DECODER_ATTENTIONS = ("rfa", "softmax")
+CROSS_ATTENTIONS = ("rfa", "softmax")
+# the --rfa-* flags that shape RFA cross attention only
+RFA_CROSS_FIELDS = ("rfa_cross_feature_dim", "rfa_cross_abs_denominator", "rfa_cross_norm_rescale")
+
+
+@dataclass
+class TranslationAttentionConfig(EncoderAttentionConfig):
+    """The encoder's choices, and which attention the decoder uses."""
+
+    decoder_attention: ChoiceEnum(list(DECODER_ATTENTIONS)) = field(
+        default="rfa",
+        metadata={"help": "the decoder's attention: rfa (causal RFA self-attention shaped by the --rfa-* flags, "
+                          "cross attention as --cross-attention says) or softmax (fairseq's own decoder; the --rfa-* "
+                          "flags then must keep their defaults)"},
+    )
+    cross_attention: ChoiceEnum(list(CROSS_ATTENTIONS)) = field(
+        default="softmax",
+        metadata={"help": "the RFA decoder's cross attention: softmax (fairseq's, over the cached encoder output: its "
+                          "cost per step grows with the source length, not the output length; the better BLEU, see "
+                          "docs/quality.md) or rfa (the paper's: random features, a source summary of fixed size)"},
+    )
+
+
+ATTENTION_FIELDS = tuple(f.name for f in fields(TranslationAttentionConfig))
+_DEFAULTS = TranslationAttentionConfig()
+
+
+def fill_attention_defaults(args):
+    """Architecture helper: set every missing attention choice (:data:`ATTENTION_FIELDS`) to its
+    default, as ``config.fill_rfa_defaults`` does for ``rfa_*``."""
+    for name in ATTENTION_FIELDS:
+        if getattr(args, name, None) is None:
+            setattr(args, name, getattr(_DEFAULTS, name))
+
+
+def attention_config_from(args) -> TranslationAttentionConfig:
+    """Read and validate the attention choices (and, with a softmax decoder, that no ``--rfa-*``
+    flag was changed). Raises ValueError naming the offending flag."""
+    encoder = encoder_attention_config_from(args)
+    values = {}
+    for name, choices in (("decoder_attention", DECODER_ATTENTIONS), ("cross_attention", CROSS_ATTENTIONS)):
+        value = getattr(args, name, None)
+        values[name] = one_of(flag(name), getattr(_DEFAULTS, name) if value is None else value, choices)
+    if values["decoder_attention"] == "softmax":
+        refuse_changed(args, RFA_FIELDS, "the RFA decoder", "with --decoder-attention softmax the decoder is fairseq's own")
+        if values["cross_attention"] != "softmax":
+            raise ValueError("--cross-attention rfa shapes the RFA decoder; with --decoder-attention softmax the "
+                             "decoder, its cross attention too, is fairseq's own (a checkpoint saved with both loads "
+                             "with --model-overrides \"{'cross_attention': 'softmax'}\")")
+    if values["cross_attention"] == "softmax":
+        refuse_changed(args, RFA_CROSS_FIELDS, "RFA cross attention",
+                       "with --cross-attention softmax (the default) the cross attention is fairseq's own")
+    return TranslationAttentionConfig(**{name: getattr(encoder, name) for name in ENCODER_FIELDS}, **values)
