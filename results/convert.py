@@ -35,7 +35,7 @@ def trained(variant, s, seed, data, a):
     """The checkpoint of quality.py's run of ``variant`` at this setting, trained first if need be."""
     out = folder(a, variant, seed)
     out.mkdir(parents=True, exist_ok=True)
-    return train(quality.train_flags(variant, s, seed, data, a), out, s["updates"], a), out / "checkpoint_last.pt"
+    return train(quality.train_flags(variant, s, seed, data), out, s["updates"], a), out / "checkpoint_last.pt"
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
@@ -54,13 +54,13 @@ def run_one(variant, s, seed, data, out, a) -> dict:
                 ckpt.parent / "convert.log")
     if kind == "finetuned":
         warmup = dict(s, warmup=max(1, min(s["warmup"], extra // 5)))
-        record = train(quality.train_flags(base, warmup, seed, data, a) + ["--finetune-from-model", ckpt], out, extra, a)
+        record = train(quality.train_flags(base, warmup, seed, data) + ["--finetune-from-model", ckpt], out, extra, a)
         ckpt = out / "checkpoint_last.pt"
     if kind == "scratch":
         _, start = trained(base, s, seed, data, a)
         if not (out / "checkpoint_last.pt").exists():
             shutil.copy(start, out / "checkpoint_last.pt")
-        record, ckpt = train(quality.train_flags(base, s, seed, data, a), out, n + extra, a), out / "checkpoint_last.pt"
+        record, ckpt = train(quality.train_flags(base, s, seed, data), out, n + extra, a), out / "checkpoint_last.pt"
     r = bleu(data / "bin", ckpt, "test", data / "test.ref.en", out, a)
     return {**record, "total_updates": n + extra, "test_bleu": r["bleu"], "test_tokens_per_s": r.get("tokens_per_s")}
 

@@ -70,7 +70,7 @@ def prepare(a):
     return a.work / "data"
 
 
-def train_flags(variant, s, seed, data, a) -> list:
+def train_flags(variant, s, seed, data) -> list:
     """The Multi30k training command: fairseq-train's arguments but for --max-update and --save-dir."""
     model = [f"--{side}-{k}" for side in ("encoder", "decoder")
              for k in ("layers", "embed-dim", "ffn-embed-dim", "attention-heads")]
@@ -90,7 +90,7 @@ def has_rfa_modules(variant) -> bool:
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
-    record = {"flags": " ".join(VARIANTS[variant]), **train(train_flags(variant, s, seed, data, a), out, s["updates"], a)}
+    record = {"flags": " ".join(VARIANTS[variant]), **train(train_flags(variant, s, seed, data), out, s["updates"], a)}
     ckpt = out / "checkpoint_last.pt"
     for split in s.get("splits", ("valid", "test")):
         r = bleu(data / "bin", ckpt, split, data / f"{split}.ref.en", out, a)

@@ -1,0 +1,139 @@
+"""The study specs of results/: every variant's flags parse with fairseq-train's parser, the committed
+JSONL still reports, and (slow) tiny runs of the translation, conversion and LM studies go through
+the real CLIs: fairseq-train, fairseq-generate + sacreBLEU, fairseq-eval-lm."""
+import gzip
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+from rfa_test_utils import REPO
+
+sys.path.insert(0, os.path.join(REPO, "results"))
+import convert  # noqa: E402
+import lra  # noqa: E402
+import quality  # noqa: E402
+import runner  # noqa: E402
+import stateful_lm  # noqa: E402
+
+SPECS = (quality, convert, stateful_lm, lra)
+
+
+def test_every_translation_variant_parses_with_fairseq_train():
+    """No queued run fails on a misspelt option hours after the queue was started."""
+    from fairseq import options
+    s = quality.SETTINGS["screen"]
+    for variant in quality.VARIANTS:
+        flags = quality.train_flags(variant, s, 1, runner.ROOT / "data-bin")
+        args = options.parse_args_and_arch(options.get_training_parser(), [str(f) for f in flags])
+        assert args.arch in ("transformer_iwslt_de_en", "rfa_transformer_iwslt_de_en"), variant
+        assert args.encoder_layers == args.decoder_layers == 2 and args.encoder_ffn_embed_dim == 512
+    f32 = options.parse_args_and_arch(options.get_training_parser(), ["data-bin", *quality.VARIANTS["gate_softcross_f32"]])
+    assert f32.rfa_causal_feature_dim == 32 and f32.rfa_gate
+
+
+def test_every_lm_and_classifier_variant_parses_with_fairseq_train():
+    from fairseq import options
+    for task, flags in stateful_lm.VARIANTS.values():
+        options.parse_args_and_arch(options.get_training_parser(), ["data-bin", "--task", task, *flags])
+    for variant, flags in lra.VARIANTS.items():
+        args = options.parse_args_and_arch(options.get_training_parser(), [
+            "data-bin", "--user-dir", "rfa_fairseq", "--task", "sentence_prediction", "--num-classes", "10",
+            *map(str, lra.SETTINGS["tiny"]["model"]), *flags])
+        assert args.encoder_attention == variant
+
+
+def test_diagnostics_run_where_the_model_has_rfa_modules():
+    """scripts/rfa_diagnostics.py reads RFA modules: an RFA decoder or an rfa / favor encoder."""
+    assert [v for v in quality.VARIANTS if not quality.has_rfa_modules(v)] == ["softmax", "softdec_enc_lara"]
+
+
+def test_conversion_rows_are_the_recorded_ones():
+    assert list(convert.VARIANTS) == [
+        "softmax", "converted", "finetuned-0.1", "finetuned-0.2", "converted_softcross", "finetuned_softcross-0.1",
+        "finetuned_softcross-0.2", "scratch-0.1", "scratch-0.2", "scratch_softcross-0.1", "scratch_softcross-0.2"]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.NAME)
+def test_the_committed_records_report_under_known_names(spec):
+    """Every committed record names a setting and a variant of its spec, and has the spec's metrics."""
+    recorded = runner.load(runner.ROOT / spec.OUT)
+    assert recorded
+    for r in recorded:
+        assert r["setting"] in spec.SETTINGS and r["variant"] in spec.VARIANTS, r
+    table = runner.report(spec, recorded).splitlines()
+    assert len(table) == 2 + len({(runner.label(spec, r), r["variant"]) for r in recorded})
+
+
+def tiny(spec, monkeypatch, **sizes):
+    monkeypatch.setitem(spec.SETTINGS, "tiny", {**spec.SETTINGS[next(iter(spec.SETTINGS))], **sizes})
+
+
+@pytest.fixture(scope="module")
+def multi30k(tmp_path_factory):
+    """The Multi30k data prepared once (sentencepiece, fairseq-preprocess) for the translation tests."""
+    work = tmp_path_factory.mktemp("multi30k")
+    quality.prepare(type("A", (), {"work": work}))
+    return work
+
+
+@pytest.mark.slow
+def test_a_tiny_translation_run_trains_decodes_scores_and_resumes(multi30k, tmp_path, monkeypatch):
+    tiny(quality, monkeypatch, layers=1, dim=16, ffn=32, heads=2, updates=4, warmup=1, splits=("test",))
+    out, work = tmp_path / "out.jsonl", tmp_path / "work"
+    shutil.copytree(multi30k / "data", work / "data")
+    common = ["--setting", "tiny", "--variants", "gate_softcross", "--work", str(work), "--out", str(out), "--cpu"]
+    quality.main(quality, [*common, "--updates", "2"])  # a probe: two updates
+    (probe,) = runner.load(out)
+    assert probe["updates"] == 2 and 0 <= probe["test_bleu"] < 100 and probe["test_tokens_per_s"] > 0
+    assert probe["s_per_update"] > 0 and probe["peak_mb"] > 100 and probe["device"] == "cpu"
+    # the full run, interrupted after the probe's two updates: it resumes from that checkpoint
+    full = work / "tiny" / "gate_softcross-seed1"
+    full.mkdir()
+    shutil.copy(work / "tiny" / "gate_softcross-seed1-u2" / "checkpoint_last.pt", full)
+    quality.main(quality, common)
+    assert "Loaded checkpoint" in (full / "train.log").read_text()
+    assert "num_updates 4" in (full / "train.log").read_text()
+    probe, resumed = runner.load(out)
+    assert resumed["updates"] == 4 and resumed["s_per_update"] is None  # no time per update for a resumed run
+    quality.main(quality, common)  # recorded: nothing runs
+    assert len(runner.load(out)) == 2
+
+
+@pytest.mark.slow
+def test_a_tiny_conversion_reuses_the_quality_runs(multi30k, tmp_path, monkeypatch):
+    tiny(quality, monkeypatch, layers=1, dim=16, ffn=32, heads=2, updates=10, warmup=2)
+    out, work = tmp_path / "out.jsonl", tmp_path / "work"
+    shutil.copytree(multi30k / "data", work / "data")
+    rows = ["softmax", "converted_softcross", "finetuned_softcross-0.1", "scratch_softcross-0.1"]
+    convert.main(convert, ["--setting", "tiny", "--variants", *rows, "--work", str(work), "--out", str(out), "--cpu"])
+    got = {r["variant"]: r for r in runner.load(out)}
+    assert [got[r]["total_updates"] for r in rows] == [10, 10, 11, 11]
+    # the scratch row trained quality.py's gate_softcross run to 10 updates, then went on from it
+    assert (work / "tiny" / "gate_softcross-seed1" / "timing.json").exists()
+    assert "Loaded checkpoint" in (work / "tiny" / "scratch_softcross-0.1-seed1" / "train.log").read_text()
+    assert all(0 <= r["test_bleu"] < 100 for r in got.values())
+
+
+@pytest.mark.slow
+def test_a_tiny_stateful_lm_run(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    with gzip.open(os.path.join(REPO, "data/multi30k/train.en.gz"), "rt", encoding="utf-8") as f:
+        lines = [next(f) for _ in range(1200)]
+    for name, off in (("wiki.valid.tokens", 0), ("wiki.test.tokens", 600)):
+        text = "".join(f" = Article {a} = \n" + "".join(f" {s}" for s in lines[off + 30 * a:off + 30 * a + 30])
+                       for a in range(20))
+        (src / name).write_text(text, encoding="utf-8")
+    tiny(stateful_lm, monkeypatch, layers=1, dim=32, cutoffs="200,400", block=32, updates=3, warmup=1)
+    out = tmp_path / "out.jsonl"
+    stateful_lm.main(stateful_lm, ["--setting", "tiny", "--variants", "rfa_gate_stateful", "softmax", "--source",
+                                   str(src), "--work", str(tmp_path / "work"), "--out", str(out), "--cpu"])
+    stateful, softmax = runner.load(out)
+    assert stateful["train_task"] == "rfa_stateful_lm" and 1 < stateful["test_ppl_stateful"] < 1e4
+    assert 1 < stateful["test_ppl_blocks"] < 1e4 and 1 <= stateful["best_update"] <= 3
+    assert 1 < softmax["test_ppl_sliding"] < 1e4 and "test_ppl_stateful" not in softmax
+    articles = [(tmp_path / "work" / "text" / f"{n}.tokens").read_text().count(" = Article") for n in ("train", "valid", "test")]
+    assert articles == [32, 4, 4]  # article i: valid if i % 10 == 3, test if i % 10 == 7
