@@ -43,6 +43,7 @@ from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
 
 from ..modules.causal_rfa_attention import CarriedState, CausalRFAttention
+from ..validation import positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +79,7 @@ def causal_rfa_modules(model) -> List[CausalRFAttention]:
 def stream_layout(num_blocks: int, rows: int, num_shards: int = 1, shard_id: int = 0) -> torch.Tensor:
     """Block indices ``[rows, L]`` of one process: its rows of the ``rows * num_shards`` contiguous
     streams, ``L = ceil(num_blocks / (rows * num_shards))``; -1 where the text has run out."""
-    if rows < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {rows}")
+    positive_int("--batch-size", rows)
     if not 0 <= shard_id < num_shards:
         raise ValueError(f"shard {shard_id} out of {num_shards}")
     total_rows = rows * num_shards
@@ -189,8 +189,7 @@ class StatefulLanguageModelingTask(FairseqTask):
             raise ValueError(f"--tokens-per-sample {self.cfg.tokens_per_sample} exceeds the model's {max_positions} "
                              "positions; with the carried state a shorter block loses no context")
         groups = self.cfg.stream_groups if groups is None else groups
-        if groups < 1:
-            raise ValueError(f"--stream-groups must be at least 1, got {groups}")
+        positive_int("--stream-groups", groups)
         batches = StreamBatches(dataset, stream_layout(len(dataset), max_sentences * groups, num_shards, shard_id),
                                 groups)
         # A batch whose streams have all run out (a group's last columns) is skipped; every rank

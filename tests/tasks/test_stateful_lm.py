@@ -199,7 +199,7 @@ def test_batch_size_is_required_and_block_within_positions(lm_data):
         task.get_batch_iterator(task.dataset("valid"), max_tokens=4096)
     with pytest.raises(ValueError, match="exceeds the model's 8 positions"):
         task.get_batch_iterator(task.dataset("valid"), max_sentences=1, max_positions=8)
-    with pytest.raises(ValueError, match="--stream-groups must be at least 1, got 0"):
+    with pytest.raises(ValueError, match="--stream-groups must be a positive integer, got 0"):
         task.get_batch_iterator(task.dataset("valid"), max_sentences=1, groups=0)
 
 
