@@ -1,154 +1,180 @@
 #!/usr/bin/env python
-"""Markdown tables from the benchmark JSON files (the tables in docs/benchmarks.md).
+"""Markdown tables, and the figure, from the JSON files that bench/decode.py and bench/train.py write.
 
-    python bench/report.py --translation bench/results/decode_translation.json \\
-        --lm bench/results/decode_lm.json --train bench/results/train_speed.json \\
-        --profile bench/results/profile_decode.json --out bench/results/report.md
+    python bench/report.py bench/results/*.json --out bench/results/report.md --figure bench/results/benchmarks.png
+
+One table per file, chosen by its ``meta.bench``; a file whose rows carry a ``profile`` also gets
+the profile table. The figure plots tokens/s and peak memory against length for every
+decode-synthetic and train-lm file given (one column each).
 """
 import argparse
 import json
+import os
 
-NAMES = {"softmax": "softmax", "sdpa": "SDPA", "rfa": "RFA", "rfa_gate": "RFA-Gate",
-         "rfa_recompute": "RFA (--rfa-recompute)", "rfa_gate_recompute": "RFA-Gate (--rfa-recompute)"}
+NAMES = {"softmax": "softmax", "sdpa": "SDPA", "rfa": "RFA", "rfa_gate": "RFA-Gate", "rfa_recompute": "RFA recompute",
+         "rfa_gate_recompute": "RFA-Gate recompute", "rfa_softcross": "RFA softmax-cross",
+         "rfa_gate_softcross": "RFA-Gate softmax-cross"}
+RANGES = ["self_attn", "encoder_attn", "reorder", "ffn", "output", "encoder", "decoder_other", "rest"]
+TITLES = {"decode-synthetic": "Decoding, random weights, forced length", "decode-checkpoint": "Decoding trained checkpoints",
+          "train-lm": "Training the LM decoder stack (forward + backward)", "train-translation": "Training on real batches",
+          "train-encoder": "Encoder self-attention module (forward + backward)", "train-chunk": "chunk_causal_rfa by chunk size"}
 
 
-def load(path):
-    with open(path) as f:
-        return json.load(f)
+def name(model):
+    return NAMES.get(model, model)
 
 
 def mib(x):
     return "-" if x is None else f"{x / 2**20:.1f}"
 
 
-def model_of(row):
-    return row.get("model", row.get("variant"))
+def table(header, lines):
+    return "\n".join(["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+                     + ["| " + " | ".join(str(c) for c in line) + " |" for line in lines])
 
 
-def by_length(rows):
-    table = {}
-    for r in rows:
-        table.setdefault(r["length"], {})[model_of(r)] = r
-    return dict(sorted(table.items()))
-
-
-def header(meta):
-    a = meta.get("args", {})
-    return (f"Machine: {meta.get('device')}; torch {meta.get('torch')}, {meta.get('torch_threads')} threads; "
-            f"{meta.get('date')}.  \nArguments: " + ", ".join(f"{k}={v}" for k, v in a.items()
-                                                             if k not in ("out",) and v not in (None, False)))
-
-
-def cell_speed(r, base):
+def value(r, text):
+    """``text(r)`` for a measured row, else why it was not measured."""
     if r is None:
         return "-"
-    if "tokens_per_s" not in r:
-        return r.get("skipped") and "skipped" or r.get("error", "-")
-    text = f"{r['tokens_per_s']:.1f}"
-    if base is not None and "tokens_per_s" in base and r is not base:
-        text += f" ({r['tokens_per_s'] / base['tokens_per_s']:.2f}x)"
-    return text
+    if "skipped" in r or "error" in r:
+        return "skipped" if "skipped" in r else r["error"]
+    return text(r)
 
 
-def decode_table(data):
-    rows = data["rows"]
-    models = [m for m in NAMES if any(model_of(r) == m for r in rows)]
-    out = [header(data["meta"]), ""]
-    out.append("| length | " + " | ".join(f"{NAMES[m]} tokens/s" for m in models) + " | "
-               + " | ".join(f"{NAMES[m]} peak MiB" for m in models) + " | "
-               + " | ".join(f"{NAMES[m]} state MiB" for m in models) + " |")
-    out.append("|---" * (1 + 3 * len(models)) + "|")
-    for length, per in by_length(rows).items():
-        base = per.get("softmax")
-        speed = [cell_speed(per.get(m), base) for m in models]
-        peak = [mib(per.get(m, {}).get("peak_bytes")) for m in models]
-        state = [mib(per.get(m, {}).get("state_bytes")) for m in models]
-        out.append(f"| {length} | " + " | ".join(speed + peak + state) + " |")
-    out.append("")
-    out.append("Ratios in brackets: tokens/s relative to softmax in the same run. Per-token cost at the "
-               "longest length relative to the shortest: "
-               + ", ".join(f"{NAMES[m]} {per_token_growth(rows, m)}" for m in models) + ".")
-    return "\n".join(out)
+def ratio(r, field="ratio"):
+    return f" ({r[field]:.2f}x)" if field in r and r[field] != 1.0 else ""
 
 
-def per_token_growth(rows, model):
-    pts = sorted((r["length"], r["tokens_per_s"]) for r in rows if model_of(r) == model and "tokens_per_s" in r)
-    if len(pts) < 2:
-        return "-"
-    (l0, s0), (l1, s1) = pts[0], pts[-1]
-    return f"{s0 / s1:.2f}x ({l0} -> {l1})"
+def by_length(rows, columns, first=()):
+    """One line per length; for each (heading, text) in ``columns`` one column per model."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    cell = {(r["length"], r["model"]): r for r in rows}
+    lengths = sorted({r["length"] for r in rows})
+    header = ["length"] + [h for h, _ in first] + [f"{name(m)} {h}" for h, _ in columns for m in models]
+    lines = [[n] + [f(next(r for r in rows if r["length"] == n)) for _, f in first]
+             + [value(cell.get((n, m)), f) for _, f in columns for m in models] for n in lengths]
+    return table(header, lines)
 
 
-def train_table(data):
-    rows = data["rows"]
-    models = [m for m in NAMES if any(model_of(r) == m for r in rows)]
-    out = [header(data["meta"]), ""]
-    out.append("| length | batch | " + " | ".join(f"{NAMES[m]} s/step" for m in models) + " | "
-               + " | ".join(f"{NAMES[m]} peak MiB" for m in models) + " |")
-    out.append("|---" * (2 + 2 * len(models)) + "|")
-    for length, per in by_length(rows).items():
-        batch = next(iter(per.values())).get("batch", "-")
-        cells = []
-        for m in models:
-            r = per.get(m)
-            if r is None:
-                cells.append("-")
-            elif "seconds" not in r:
-                cells.append(r.get("error") or "skipped")
-            else:
-                text = f"{r['seconds']:.3f}"
-                ratios = [f"{r[k]:.2f}x vs {NAMES[b]}" for b in ("softmax", "sdpa")
-                          if m != b and (k := f"ratio_to_{b}") in r]
-                cells.append(text + (f" ({', '.join(ratios)})" if ratios else ""))
-        peaks = [mib(per.get(m, {}).get("peak_bytes")) for m in models]
-        out.append(f"| {length} | {batch} | " + " | ".join(cells + peaks) + " |")
-    out.append("")
-    out.append("Ratios in brackets: speed (tokens/s) relative to the softmax baselines in the same run; > 1 is faster.")
-    return "\n".join(out)
+def speed_cell(r):
+    return f"{r['tokens_per_s']:.1f}{ratio(r)}"
 
 
-def profile_table(data):
-    rows = data["rows"]
-    comps = list(rows[0]["share_by_component"])
-    out = [header(data["meta"]), ""]
-    extra = "attention_share" in rows[0]  # results from before the projections were split out lack it
-    out.append("| model | length | ms/step | " + " | ".join(comps) + (" | attention computation |" if extra else " |"))
-    out.append("|---" * (3 + len(comps) + extra) + "|")
-    for r in rows:
-        cells = [f"{100 * r['share_by_component'][c]:.1f}%" for c in comps]
-        if extra:
-            cells.append(f"**{100 * r['attention_share']:.1f}%**")
-        out.append(f"| {NAMES[r['model']]} | {r['length']} | {r['ms_per_step']:.2f} | " + " | ".join(cells) + " |")
-    if extra:
-        out += ["", "Attention computation: self-attention + cross-attention + state reorder, without the "
-                    "q/k/v/out projections (those are in 'attention projections')."]
-    return "\n".join(out)
+def step_cell(r):
+    both = [f"{r[k]:.2f}x {w}" for k, w in (("ratio", "softmax"), ("ratio_sdpa", "SDPA")) if k in r and r[k] != 1.0]
+    return f"{r['seconds']:.3g}" + (f" ({', '.join(both)})" if both else "")
+
+
+def checkpoint_table(data):
+    rows, meta = data["rows"], data["meta"]
+    ref = name(rows[0]["model"])
+    head = (f"Decoding {rows[0]['sentences']:,} sentences, fairseq-generate {' '.join(meta['generate_flags'])}; "
+            f"{meta['device']}, {meta['torch_threads']} threads; {meta['args']['statistic']} of {rows[0]['runs']} run(s); "
+            f"memory: {meta['memory']}.\n\n")
+    return head + table(
+        ["run", "sentences", "tokens generated", "decoding time (s)", "sentences/s", "tokens/s", f"speed vs {ref}",
+         "peak memory (MiB)", f"memory vs {ref}"],
+        [[r["model"], f"{r['sentences']:,}", f"{r['tokens']:,}", f"{r['seconds']:.1f}", f"{r['sentences_per_s']:.2f}",
+          f"{r['tokens_per_s']:.1f}", f"{r['ratio']:.2f}x", f"{r['peak_bytes'] / 2**20:.0f}", f"{r['memory_ratio']:.2f}x"]
+         for r in rows])
+
+
+def chunk_table(rows):
+    sizes = sorted({r["chunk_size"] for r in rows})
+    groups = list(dict.fromkeys((r["pass"], r["gated"], r["length"]) for r in rows))
+    lines = []
+    for g in groups:
+        ms = {r["chunk_size"]: 1e3 * r["seconds"] for r in rows if (r["pass"], r["gated"], r["length"]) == g}
+        best = min(ms, key=ms.get)
+        lines.append([g[0], "gated" if g[1] else "ungated", g[2]] + [f"{ms[c]:.1f}" if c in ms else "-" for c in sizes] + [best])
+    return "milliseconds per call\n\n" + table(["pass", "gate", "length"] + [f"C={c}" for c in sizes] + ["fastest"], lines)
+
+
+def profile_table(rows):
+    rows = [r for r in rows if "profile" in r]
+    ranges = [w for w in RANGES if any(w in r["profile"]["ms_per_step_by_range"] for r in rows)]
+    lines = [[name(r["model"]), r.get("length", "-"), f"{r['profile']['ms_per_step']:.2f}"]
+             + [f"{r['profile']['ms_per_step_by_range'].get(w, 0.0):.2f}" for w in ranges] for r in rows]
+    return ("Milliseconds per decoding step (torch.profiler, operators' CPU time, each counted in the innermost "
+            "range around it)\n\n" + table(["model", "length", "whole step"] + ranges, lines))
+
+
+def render(data):
+    kind, rows, meta = data["meta"]["bench"], data["rows"], data["meta"]
+    if kind == "decode-checkpoint":
+        body = checkpoint_table(data) if "sentences" in rows[0] else "(profile only)"
+    elif kind == "decode-synthetic":
+        body = by_length(rows, [("tokens/s", speed_cell), ("peak MiB", lambda r: mib(r.get("peak_bytes"))),
+                                ("state MiB", lambda r: mib(r.get("state_bytes")))])
+    elif kind == "train-translation":
+        body = table(["model", "s/step", "x softmax speed", "peak MiB"],
+                     [[name(r["model"]), f"{r['seconds']:.3f}", f"{r.get('ratio', 1):.2f}", mib(r.get("peak_bytes"))] for r in rows])
+    elif kind == "train-chunk":
+        body = chunk_table(rows)
+    else:
+        first = [("batch", lambda r: r.get("batch", 1))] if kind == "train-lm" else []
+        body = by_length(rows, [("s/step", step_cell), ("peak MiB", lambda r: mib(r.get("peak_bytes")))], first)
+        body += "\n\nIn brackets: speed relative to softmax and to SDPA in the same run (> 1 is faster)."
+    about = f"{meta['device']}, torch {meta['torch']}, {meta['torch_threads']} threads, {meta['date'][:10]}: `{meta['command']}`"
+    text = f"### {TITLES[kind]}\n\n{about}\n\n{body}\n"
+    return text + ("\n" + profile_table(rows) + "\n" if any("profile" in r for r in rows) else "")
+
+
+def figure(files, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(files), figsize=(5 * len(files), 8), squeeze=False)
+    for col, data in enumerate(files):
+        title = TITLES[data["meta"]["bench"]] + (f" ({data['meta']['args']['task']})" if "task" in data["meta"]["args"] else "")
+        for row, (key, label) in enumerate((("tokens_per_s", "tokens/s"), ("peak_bytes", "peak memory (MiB)"))):
+            ax = axes[row][col]
+            for model in dict.fromkeys(r["model"] for r in data["rows"]):
+                points = sorted((r["length"], r[key] / (2**20 if row else 1)) for r in data["rows"]
+                                if r["model"] == model and r.get(key) is not None)
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=name(model))
+            ax.set(xscale="log", yscale="log", xlabel="length (tokens)", ylabel=label)
+            ax.set_title(title, fontsize=9)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+    meta = files[0]["meta"]
+    fig.suptitle(f"{meta['device']}, torch {meta['torch']}, {meta['torch_threads']} threads", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--translation")
-    p.add_argument("--lm")
-    p.add_argument("--train")
-    p.add_argument("--profile")
-    p.add_argument("--out")
+    p.add_argument("files", nargs="+", help="JSON written by bench/decode.py or bench/train.py")
+    p.add_argument("--out", help="write the markdown here (else print it)")
+    p.add_argument("--figure", help="write the PNG figure here (needs matplotlib)")
     args = p.parse_args(argv)
-    parts = []
-    if args.translation:
-        parts += ["### Translation decoding", "", decode_table(load(args.translation)), ""]
-    if args.lm:
-        parts += ["### LM decoding", "", decode_table(load(args.lm)), ""]
-    if args.train:
-        parts += ["### Training (decoder stack, forward + backward)", "", train_table(load(args.train)), ""]
-    if args.profile:
-        parts += ["### Where a decoding step's time goes", "", profile_table(load(args.profile)), ""]
-    if not parts:
-        p.error("give at least one input")
-    text = "\n".join(parts)
+    files = []
+    for path in args.files:
+        try:
+            with open(path) as f:
+                files.append(json.load(f))
+            if files[-1]["meta"]["bench"] not in TITLES:
+                raise KeyError(files[-1]["meta"]["bench"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            p.error(f"{path}: not a benchmark result of bench/decode.py or bench/train.py ({e!r})")
+    text = "\n".join(render(d) for d in files)
     if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
             f.write(text)
-    print(text)
+    else:
+        print(text)
+    if args.figure:
+        plotted = [d for d in files if d["meta"]["bench"] in ("decode-synthetic", "train-lm")]
+        if not plotted:
+            p.error("--figure plots decode-synthetic and train-lm results; none was given")
+        figure(plotted, args.figure)
+    return text
 
 
 if __name__ == "__main__":

@@ -434,7 +434,7 @@ score_test() {
 # speed_table [RUN...] [-- extra fairseq-generate flags]: decode the test set with each run's model
 # (default: softmax, rfa, rfa_gate of the current SIZE; the first is the reference of the ratios)
 # using evaluation's flags, and write the speed and memory table $WORK/eval/speed.md (and .json)
-# with tools/decode_speed.py. Each run's model is the newest averaged checkpoint evaluate.sh
+# with bench/decode.py checkpoint and bench/report.py. Each run's model is the newest averaged checkpoint evaluate.sh
 # made, else its checkpoint_last.pt. Measured again on every call (timings are not cached).
 speed_table() {
   local runs=() extra=() models=() run ckpt
@@ -452,8 +452,9 @@ speed_table() {
     models+=(--model "$run=$ckpt")
   done
   generate_flags
-  python "$RECIPES/tools/decode_speed.py" --data "$DATA_BIN" --user-dir "$USER_DIR" --source-lang "$SRC" \
-    --target-lang "$TGT" --repeats "${REPEATS:-1}" --out "$WORK/eval/speed.md" "${models[@]}" \
+  python "$RECIPES/../bench/decode.py" checkpoint "$DATA_BIN" --user-dir "$USER_DIR" --source-lang "$SRC" \
+    --target-lang "$TGT" --repeats "${REPEATS:-1}" --out "$WORK/eval/speed.json" "${models[@]}" \
     -- "${GENERATE_FLAGS[@]}" ${extra[@]+"${extra[@]}"}
+  python "$RECIPES/../bench/report.py" "$WORK/eval/speed.json" --out "$WORK/eval/speed.md"
   log "speed and memory table: $WORK/eval/speed.md"
 }

@@ -10,7 +10,7 @@
 # checkpoint_last.pt) and decodes the whole test set as evaluate.sh does: beam 4, length penalty
 # 0.6, the lengths the model itself produces, GEN_MAX_TOKENS tokens per batch (default 8000).
 # REPEATS=N decodes N times per model, taking turns, and keeps the median. Writes
-# $WORK/eval/speed.md (the table, with the device) and speed.json (tools/decode_speed.py).
+# $WORK/eval/speed.md (the table, with the device) and speed.json (bench/decode.py checkpoint).
 # Measure on a machine nothing else runs on.
 # shellcheck source=recipes/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"

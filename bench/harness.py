@@ -1,0 +1,197 @@
+"""What every benchmark shares: timing, peak memory, the machine, JSON in and out, common flags.
+
+Peak memory (``PeakMemory``) is in bytes above what was allocated when the measurement began,
+so the model weights are not counted. CUDA: ``torch.cuda.max_memory_allocated``. CPU: the larger
+of two lower bounds: the resident-set high-water mark (reset through ``/proc/self/clear_refs``
+after glibc's ``malloc_trim``) above the resident set at the start, which misses memory malloc
+reuses unseen by the OS; and malloc's live bytes (``mallinfo2``) sampled around every module call
+of the models given to ``watch``, which misses transients between samples. None where neither works.
+"""
+import argparse
+import ctypes
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+STATISTICS = {"median": statistics.median, "min": min}
+try:
+    _LIBC = ctypes.CDLL("libc.so.6")
+    _LIBC.mallinfo2.restype = type("MallInfo2", (ctypes.Structure,), {"_fields_": [
+        (n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]})
+except (OSError, AttributeError):
+    _LIBC = None
+
+
+def machine(device):
+    """The device's name, the thread count and the versions, for the JSON's meta."""
+    name = platform.processor() or "cpu"
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+    elif os.path.exists("/proc/cpuinfo"):
+        name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), name)
+    return {"device": f"{name} ({os.cpu_count()} cores)" if device == "cpu" else name, "device_kind": device,
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])}
+
+
+def _live_bytes():
+    if _LIBC is None:
+        return None
+    info = _LIBC.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def _status_bytes(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+class PeakMemory:
+    """``with PeakMemory(device, watch=[model]) as m: ...`` then ``m.peak_bytes`` (None if unmeasurable)."""
+
+    def __init__(self, device, watch=()):
+        self.device, self.peak_bytes, self._hooks, self._live = device, None, [], None
+        for model in watch if device == "cpu" else ():
+            for module in model.modules():
+                self._hooks += [module.register_forward_pre_hook(lambda *a: self.sample()),
+                                module.register_forward_hook(lambda *a: self.sample())]
+
+    def sample(self):
+        if self._live is not None:
+            self._live[1] = max(self._live[1], _live_bytes())
+
+    def __enter__(self):
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._base = torch.cuda.memory_allocated()
+            return self
+        if _LIBC is not None:
+            _LIBC.malloc_trim(0)
+            self._live = [_live_bytes()] * 2
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current resident set
+            self._base = _status_bytes("VmRSS")
+        except OSError:
+            self._base = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            self.peak_bytes = torch.cuda.max_memory_allocated() - self._base
+        else:
+            self.sample()
+            probes = [] if self._base is None else [max(_status_bytes("VmHWM") - self._base, 0)]
+            probes += [] if self._live is None else [self._live[1] - self._live[0]]
+            self.peak_bytes = max(probes) if probes else None
+            self._live = None
+        for h in self._hooks:
+            h.remove()
+        return False
+
+
+def timed(fn, device, repeats=1, warmup=0, clock="wall"):
+    """Seconds of each of ``repeats`` calls after ``warmup`` untimed ones: wall clock, or with
+    ``clock="cpu"`` this process's CPU time (all threads; CPU only)."""
+    if clock == "cpu" and device != "cpu":
+        raise ValueError(f"--clock cpu measures CPU work only; use the wall clock on {device}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t = CLOCKS[clock]()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(CLOCKS[clock]() - t)
+    return times
+
+
+def measure(step, device, repeats, clock="wall", statistic="median", watch=()):
+    """One warm-up call of ``step`` under ``PeakMemory`` (watching ``watch``), then ``repeats`` timed calls."""
+    with PeakMemory(device, watch) as mem:
+        step()
+    times = timed(step, device, repeats, clock=clock)
+    return {"seconds": STATISTICS[statistic](times), "times": times, "peak_bytes": mem.peak_bytes}
+
+
+def is_oom(e):
+    return isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in str(e) or "allocate" in str(e)
+
+
+def add_ratios(rows, reference, key="tokens_per_s", field="ratio", group=("length",)):
+    """``row[field]`` = ``row[key]`` over the ``reference`` model's at the same ``group`` values (same run)."""
+    refs = {tuple(r.get(g) for g in group): r[key] for r in rows if r["model"] == reference and key in r}
+    for r in rows:
+        ref = refs.get(tuple(r.get(g) for g in group))
+        if ref and key in r:
+            r[field] = r[key] / ref
+    return rows
+
+
+def positive(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def common_flags(p, repeats=3):
+    """The flags every mode takes: device, threads, repeats, clock, statistic, output."""
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--threads", type=positive, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--repeats", type=positive, default=repeats, help=f"timed runs after a warm-up (default {repeats})")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                   help="wall (default), or cpu: this process's CPU time (CPU only; best with --threads 1)")
+    p.add_argument("--statistic", choices=sorted(STATISTICS), default="median", help="how repeats combine")
+    p.add_argument("--out", help="write the results here as JSON")
+
+
+def setup(p, args):
+    """Resolve --device, apply --threads, and reject combinations that cannot be measured."""
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: CUDA is not available")
+    if args.clock == "cpu" and args.device != "cpu":
+        p.error("--clock cpu measures CPU work only; use --clock wall on a GPU")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
+
+
+def user_dir():
+    """The plugin's folder, for fairseq's --user-dir (the package is imported normally)."""
+    import rfa_fairseq
+
+    return os.path.dirname(rfa_fairseq.__file__)
+
+
+def fake_dictionary(directory, size, names=("dict.src.txt", "dict.tgt.txt", "dict.txt")):
+    """A fairseq dictionary of ``size`` entries (4 specials + ``size - 4`` words) under each name."""
+    os.makedirs(directory, exist_ok=True)
+    for name in names:
+        with open(os.path.join(directory, name), "w") as f:
+            f.writelines(f"w{i} 1\n" for i in range(size - 4))
+    return directory
+
+
+def write_json(path, meta, rows):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)

@@ -1,0 +1,77 @@
+"""bench/train.py: every mode at tiny sizes, and the SDPA baseline computes fairseq's softmax attention."""
+import pytest
+import torch
+
+from bench import train
+from rfa_test_utils import multi30k_bin
+
+COMMON = ["--tiny", "--repeats", "1", "--threads", "1"]
+
+
+def test_sdpa_baseline_equals_fairseq_softmax_in_the_lm():
+    args = train.parse_args(["lm"] + COMMON)
+    ref, task, _ = train.build_lm(args, "softmax", 32)
+    alt, _, _ = train.build_lm(args, "sdpa", 32)
+    alt.load_state_dict(ref.state_dict())
+    tokens = torch.randint(task.source_dictionary.nspecial, len(task.source_dictionary), (2, 17))
+    with torch.no_grad():
+        a, b = ref.decoder.extract_features(tokens, None)[0], alt.decoder.extract_features(tokens, None)[0]
+    assert (a - b).abs().max().item() < 1e-5
+
+
+def test_sdpa_baseline_equals_fairseq_softmax_in_the_encoder():
+    args = train.parse_args(["encoder"] + COMMON)
+    softmax = train.encoder_module(args, "softmax")
+    x = torch.randn(13, 2, args.embed_dim)
+    assert (softmax(x, x, x)[0] - train.SDPAAttention(softmax, causal=False)(x)[0]).abs().max().item() < 1e-5
+
+
+def test_lm_rows_and_ratios():
+    rows = train.main(["lm", "--lengths", "16", "32", "--variants", "softmax", "sdpa", "rfa", "rfa_gate_recompute"] + COMMON)
+    assert {r["model"] for r in rows} == {"softmax", "sdpa", "rfa", "rfa_gate_recompute"}
+    by = {(r["model"], r["length"]): r for r in rows}
+    for r in rows:
+        assert r["tokens"] == r["batch"] * r["length"] and r["peak_bytes"] >= 0
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"])
+        assert r["ratio"] == pytest.approx(r["tokens_per_s"] / by[("softmax", r["length"])]["tokens_per_s"])
+        assert r["ratio_sdpa"] == pytest.approx(r["tokens_per_s"] / by[("sdpa", r["length"])]["tokens_per_s"])
+
+
+def test_recompute_variants_train_with_recompute():
+    args = train.parse_args(["lm"] + COMMON)
+    for variant, gate, recompute in [("rfa_gate", True, False), ("rfa_recompute", False, True)]:
+        model = train.build_lm(args, variant, 32)[0]
+        attn = [layer.self_attn for layer in model.decoder.layers]
+        assert all(a.recompute == recompute and (a.gate_proj is not None) == gate for a in attn), variant
+
+
+def test_encoder_rows_and_softmax_skipped_where_it_would_not_fit():
+    rows = train.main(["encoder"] + COMMON)
+    assert {(r["model"], r["length"]) for r in rows} == {(v, n) for v in train.ENCODER for n in (64, 128)}
+    assert all(r["seconds"] > 0 and r["ratio"] > 0 for r in rows)
+    rows = train.main(["encoder", "--variants", "softmax", "rfa", "--lengths", "64", "--max-memory-gb", "1e-6"] + COMMON)
+    assert "would need" in rows[0]["skipped"] and rows[1]["seconds"] > 0
+
+
+def test_chunk_rows_cover_every_setting():
+    rows = train.main(["chunk", "--lengths", "32", "--chunk-sizes", "8", "32"] + COMMON)
+    assert {(r["pass"], r["gated"], r["chunk_size"]) for r in rows} == {
+        (p, g, c) for p in ("train", "infer") for g in (False, True) for c in (8, 32)}
+    assert all(r["seconds"] > 0 and r["batch"] == 256 // 32 for r in rows)
+
+
+@pytest.mark.slow
+def test_translation_mode_on_real_batches(tmp_path):
+    data = multi30k_bin(tmp_path, (("train", 60), ("valid", 8), ("test", 8)))
+    rows = train.main(["translation", str(data), "--max-tokens", "300", "--batches", "2"] + COMMON)
+    assert [r["model"] for r in rows] == ["softmax", "rfa", "rfa_gate"]
+    assert all(r["seconds"] > 0 and r["tokens"] > 0 and r["ratio"] == pytest.approx(rows[0]["seconds"] / r["seconds"])
+               for r in rows)
+
+
+@pytest.mark.parametrize("argv", [["lm", "--dtype", "bf16", "--device", "cpu"], ["lm", "--embed-dim", "30", "--heads", "4"],
+                                  ["encoder", "--lengths", "0"], ["chunk", "--variants", "rfa"], ["lm", "--variants", "x"]])
+def test_bad_flags_stop_with_an_error(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(argv)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
