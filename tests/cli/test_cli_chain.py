@@ -27,6 +27,7 @@ def mt_data(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_translation_train_generate_resume(mt_data):
     ckpt = mt_data / "ckpt"
     log = run_cli("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
@@ -85,6 +86,7 @@ def test_redraw_features_keeps_a_linear_encoders_matrices_and_refuses_cross_dims
     assert torch.equal(state["model"][encoder], torch.zeros(4, 8, 8)) and state["model"][decoder].abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_with_weights_only(mt_data):
     """fairseq checkpoints load under torch's safe unpickler once rfa_fairseq is imported, and
     only because of its allow-list (a fresh interpreter without it refuses the same file)."""
@@ -101,6 +103,7 @@ def test_checkpoint_loads_with_weights_only(mt_data):
     assert "LOADED" not in refused.stdout and "Weights only load failed" in refused.stderr
 
 
+@pytest.mark.slow
 def test_language_model_train_and_eval_lm(tmp_path):
     for split, n in (("train", 400), ("valid", 40), ("test", 40)):
         head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.en.gz"), tmp_path / f"{split}.txt", n)
@@ -130,6 +133,7 @@ def _diagnostics(data, ckpt, tmp_path, split="valid"):
 
 
 @pytest.mark.parametrize("kernel", ["favor", "elu"])
+@pytest.mark.slow
 def test_other_feature_maps_end_to_end(mt_data, tmp_path, kernel):
     """FAVOR+ and elu: fairseq-train, fairseq-generate and (for the LM) fairseq-eval-lm, and the
     diagnostics command on both checkpoints (the gate's mean, sigma, the clamped denominators)."""
@@ -166,6 +170,7 @@ def test_other_feature_maps_end_to_end(mt_data, tmp_path, kernel):
     assert [r["module"] for r in rows] == ["decoder.layers.0.self_attn"] and rows[0]["mean_gate"] is None
 
 
+@pytest.mark.slow
 def test_redraw_features_keeps_the_model_and_changes_the_draws(mt_data, tmp_path):
     """rfa-redraw-features: a seed gives the same matrices every time and other seeds other
     ones; more features load and decode; the rest of the checkpoint is unchanged."""

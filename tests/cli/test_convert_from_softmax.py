@@ -11,6 +11,8 @@ import torch
 from rfa_fairseq.cli import convert_from_softmax
 from rfa_test_utils import USER_DIR, multi30k_bin, run_cli
 
+pytestmark = pytest.mark.slow  # trains softmax models with fairseq-train
+
 DIMS = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
         "--decoder-attention-heads", "4"]
 ENCODER = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",

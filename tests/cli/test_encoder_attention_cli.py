@@ -10,6 +10,8 @@ import torch
 import rfa_fairseq  # noqa: F401  (allow-list for weights_only loading)
 from rfa_test_utils import USER_DIR, multi30k_bin, run_cli
 
+pytestmark = pytest.mark.slow  # fairseq-train and fairseq-generate
+
 TINY = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
         "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]

@@ -16,6 +16,8 @@ import torch
 
 from rfa_test_utils import REPO, USER_DIR, head_gz, run_cli
 
+pytestmark = pytest.mark.slow  # fairseq-train runs
+
 STOP, FINAL = 3, 7
 TRAIN_PAIRS = 300  # with --max-tokens 500: 13 updates per epoch, so updates 1..7 are all in epoch 1
 # Logged fields that depend on wall-clock time, not on the computation.

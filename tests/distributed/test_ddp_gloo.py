@@ -15,6 +15,8 @@ import traceback
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # spawns two training processes
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(TESTS)
 

@@ -5,7 +5,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from rfa_test_utils import REPO
+
+pytestmark = pytest.mark.slow  # runs the recipe
 
 SCRIPT = os.path.join(REPO, "recipes", "finetune_from_softmax", "run.sh")
 STEPS = ["prepare", "softmax", "convert", "score_converted", "finetune", "score_finetuned"]

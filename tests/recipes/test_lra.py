@@ -191,6 +191,7 @@ def accuracy(evaluate_output):
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.slow
 def test_listops_recipe_every_attention(smoke, attention):
     """Generated ListOps, binarised with the fixed dictionaries, trained with fairseq-train and
     scored with fairseq-validate: each attention builds its own module and reports accuracy on
@@ -208,6 +209,7 @@ def test_listops_recipe_every_attention(smoke, attention):
 
 
 @pytest.mark.parametrize("task,attention", [("text", "favor"), ("retrieval", "rfa")])
+@pytest.mark.slow
 def test_byte_level_recipes(smoke, task, attention):
     """Text (from a stand-in aclImdb_v1.tar.gz, unpacked as the download would be) and Retrieval
     (AAN pairs in two input folders, the dual encoder) end to end."""
@@ -226,6 +228,7 @@ def test_byte_level_recipes(smoke, task, attention):
     assert accuracy(out["evaluate.sh"])[2] == TEST_EXAMPLES[task]
 
 
+@pytest.mark.slow
 def test_validate_reproduces_training_validation(smoke):
     """Checkpoint round trip through the command lines: fairseq-validate on the valid split with
     the last checkpoint gives the loss and accuracy fairseq-train logged at its last update
@@ -245,6 +248,7 @@ def test_validate_reproduces_training_validation(smoke):
     assert got.groups() == last[-1]
 
 
+@pytest.mark.slow
 def test_second_run_skips_finished_steps_and_bad_arguments(smoke):
     work, first = smoke("listops", "softmax")
     for script, args in (("prepare.sh", ("listops",)), ("train.sh", ("listops", "softmax")),

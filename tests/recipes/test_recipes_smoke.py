@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the recipes
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = os.path.join(REPO, "recipes")
 BIN = os.path.dirname(sys.executable)

@@ -211,6 +211,7 @@ def _eval_lm(data, ckpt, task, *extra):
     return int(m.group(1).replace(",", "")), float(m.group(3))
 
 
+@pytest.mark.slow
 def test_command_lines_train_and_evaluate_either_way(lm_data, tmp_path):
     """fairseq-train with the task; fairseq-eval-lm with and without state on a checkpoint
     trained with state and on one trained without: every run scores every test token."""
