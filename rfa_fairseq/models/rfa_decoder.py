@@ -98,6 +98,15 @@ class RFATransformerDecoder(TransformerDecoderBase):
             layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
         return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
 
+    def set_beam_size(self, beam_size: int):
+        """Tell the RFA attention modules how many hypotheses per sentence fairseq's generator
+        keeps (it says so only for beams above 1). fairseq's own attention modules are left at
+        beam 1, as in fairseq's transformer: their beam path cannot be called afterwards on
+        batches of other shapes."""
+        for module in self.modules():
+            if isinstance(module, (CausalRFAttention, CrossRFAttention)):
+                module.set_beam_size(beam_size)
+
     def buffered_future_mask(self, tensor):
         """RFA's causal attention is causal by construction; fairseq's T x T future mask would
         only cost O(T^2) memory, so none is built."""

@@ -73,13 +73,9 @@ class RFATransformerModel(TransformerModel):
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def set_beam_size(self, beam_size):
-        """Called by fairseq's SequenceGenerator: RFA cross attention then keeps one source state
-        per sentence and shares it across that sentence's beams. fairseq's own attention modules
-        are left at beam size 1, as in fairseq's transformer (its MultiheadAttention's beam path
-        cannot be called afterwards on batches of other shapes)."""
-        for module in self.decoder.modules():
-            if isinstance(module, CrossRFAttention):
-                module.set_beam_size(beam_size)
+        """Called by fairseq's SequenceGenerator (for beams above 1): see RFATransformerDecoder."""
+        if isinstance(self.decoder, RFATransformerDecoder):
+            self.decoder.set_beam_size(beam_size)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
