@@ -1,11 +1,10 @@
-"""What every benchmark shares: timing, peak memory, the machine, JSON in and out, common flags.
+"""What the benchmarks share: timing, peak memory, the machine, ratios, common flags, JSON output.
 
-Peak memory (``PeakMemory``) is in bytes above what was allocated when the measurement began,
-so the model weights are not counted. CUDA: ``torch.cuda.max_memory_allocated``. CPU: the larger
-of two lower bounds: the resident-set high-water mark (reset through ``/proc/self/clear_refs``
-after glibc's ``malloc_trim``) above the resident set at the start, which misses memory malloc
-reuses unseen by the OS; and malloc's live bytes (``mallinfo2``) sampled around every module call
-of the models given to ``watch``, which misses transients between samples. None where neither works.
+Peak memory (``PeakMemory``): bytes above what was allocated at the start, so weights are not
+counted. CUDA: ``torch.cuda.max_memory_allocated``. CPU: the larger of two lower bounds, the
+resident-set high-water mark (reset through ``/proc/self/clear_refs`` after ``malloc_trim``) above
+the resident set at the start, which misses memory malloc reuses unseen by the OS, and malloc's
+live bytes (``mallinfo2``) sampled around every module call of the ``watch`` models.
 """
 import argparse
 import ctypes
@@ -13,7 +12,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 
 import torch
@@ -28,39 +26,30 @@ except (OSError, AttributeError):
     _LIBC = None
 
 
-def machine(device):
-    """The device's name, the thread count and the versions, for the JSON's meta."""
-    name = platform.processor() or "cpu"
-    if device == "cuda":
-        name = torch.cuda.get_device_name()
-    elif os.path.exists("/proc/cpuinfo"):
-        name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), name)
-    return {"device": f"{name} ({os.cpu_count()} cores)" if device == "cpu" else name, "device_kind": device,
-            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])}
+def machine(device, argv):
+    """The device, the thread count, the versions, the date and the command, for the JSON's meta."""
+    name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
+    if device == "cpu" and os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+        name += f" ({os.cpu_count()} cores)"
+    return {"device": name, "device_kind": device, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(argv)}
 
 
 def _live_bytes():
-    if _LIBC is None:
-        return None
     info = _LIBC.mallinfo2()
     return info.uordblks + info.hblkhd
-
-
-def _status_bytes(field):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
 
 
 class PeakMemory:
     """``with PeakMemory(device, watch=[model]) as m: ...`` then ``m.peak_bytes`` (None if unmeasurable)."""
 
     def __init__(self, device, watch=()):
-        self.device, self.peak_bytes, self._hooks, self._live = device, None, [], None
-        for model in watch if device == "cpu" else ():
-            for module in model.modules():
-                self._hooks += [module.register_forward_pre_hook(lambda *a: self.sample()),
-                                module.register_forward_hook(lambda *a: self.sample())]
+        self.device, self.peak_bytes, self._live, self._hooks = device, None, None, []
+        for module in (m for model in watch for m in model.modules()) if device == "cpu" else ():
+            self._hooks += [module.register_forward_pre_hook(lambda *a: self.sample()),
+                            module.register_forward_hook(lambda *a: self.sample())]
 
     def sample(self):
         if self._live is not None:
@@ -91,34 +80,34 @@ class PeakMemory:
             self.sample()
             probes = [] if self._base is None else [max(_status_bytes("VmHWM") - self._base, 0)]
             probes += [] if self._live is None else [self._live[1] - self._live[0]]
-            self.peak_bytes = max(probes) if probes else None
-            self._live = None
+            self.peak_bytes, self._live = max(probes) if probes else None, None
         for h in self._hooks:
             h.remove()
-        return False
 
 
-def timed(fn, device, repeats=1, warmup=0, clock="wall"):
-    """Seconds of each of ``repeats`` calls after ``warmup`` untimed ones: wall clock, or with
-    ``clock="cpu"`` this process's CPU time (all threads; CPU only)."""
+def _status_bytes(field):  # VmRSS, VmHWM
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def timed(fn, device, repeats=1, clock="wall"):
+    """Seconds of each of ``repeats`` calls: wall clock, or with ``clock="cpu"`` this process's CPU
+    time (all its threads; CPU only). The caller warms up (``measure`` does)."""
     if clock == "cpu" and device != "cpu":
         raise ValueError(f"--clock cpu measures CPU work only; use the wall clock on {device}")
-    for _ in range(warmup):
-        fn()
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     times = []
     for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
+        sync()
         t = CLOCKS[clock]()
         fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
+        sync()
         times.append(CLOCKS[clock]() - t)
     return times
 
 
 def measure(step, device, repeats, clock="wall", statistic="median", watch=()):
-    """One warm-up call of ``step`` under ``PeakMemory`` (watching ``watch``), then ``repeats`` timed calls."""
+    """A warm-up call of ``step`` under ``PeakMemory`` (watching ``watch``), then ``repeats`` timed calls."""
     with PeakMemory(device, watch) as mem:
         step()
     times = timed(step, device, repeats, clock=clock)
@@ -126,48 +115,43 @@ def measure(step, device, repeats, clock="wall", statistic="median", watch=()):
 
 
 def is_oom(e):
-    return isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in str(e) or "allocate" in str(e)
+    return isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in str(e)
 
 
 def add_ratios(rows, reference, key="tokens_per_s", field="ratio", group=("length",)):
     """``row[field]`` = ``row[key]`` over the ``reference`` model's at the same ``group`` values (same run)."""
     refs = {tuple(r.get(g) for g in group): r[key] for r in rows if r["model"] == reference and key in r}
     for r in rows:
-        ref = refs.get(tuple(r.get(g) for g in group))
-        if ref and key in r:
-            r[field] = r[key] / ref
+        if refs.get(tuple(r.get(g) for g in group)) and key in r:
+            r[field] = r[key] / refs[tuple(r.get(g) for g in group)]
     return rows
 
 
 def positive(text):
-    value = int(text)
-    if value < 1:
+    if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+    return int(text)
 
 
-def common_flags(p, repeats=3):
-    """The flags every mode takes: device, threads, repeats, clock, statistic, output."""
+def common_flags(p, repeats):
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--threads", type=positive, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--repeats", type=positive, default=repeats, help=f"timed runs after a warm-up (default {repeats})")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                   help="wall (default), or cpu: this process's CPU time (CPU only; best with --threads 1)")
-    p.add_argument("--statistic", choices=sorted(STATISTICS), default="median", help="how repeats combine")
+                   help="wall, or cpu: this process's CPU time (CPU only; best with --threads 1)")
+    p.add_argument("--statistic", choices=sorted(STATISTICS), default="median", help="how the repeats combine")
     p.add_argument("--out", help="write the results here as JSON")
 
 
 def setup(p, args):
-    """Resolve --device, apply --threads, and reject combinations that cannot be measured."""
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    """Resolve --device, apply --threads, and refuse what cannot be measured."""
+    args.device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: CUDA is not available")
     if args.clock == "cpu" and args.device != "cpu":
         p.error("--clock cpu measures CPU work only; use --clock wall on a GPU")
     if args.threads:
         torch.set_num_threads(args.threads)
-    return args
 
 
 def user_dir():
@@ -179,19 +163,17 @@ def user_dir():
 
 def fake_dictionary(directory, size, names=("dict.src.txt", "dict.tgt.txt", "dict.txt")):
     """A fairseq dictionary of ``size`` entries (4 specials + ``size - 4`` words) under each name."""
-    os.makedirs(directory, exist_ok=True)
     for name in names:
         with open(os.path.join(directory, name), "w") as f:
             f.writelines(f"w{i} 1\n" for i in range(size - 4))
     return directory
 
 
+def mib(x):
+    return "-" if x is None else f"{x / 2**20:.1f}"
+
+
 def write_json(path, meta, rows):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-
-
-def load_json(path):
-    with open(path) as f:
-        return json.load(f)

@@ -1,28 +1,22 @@
 #!/usr/bin/env python
 """Training cost (forward + backward) and peak memory: softmax against RFA, side by side.
 
-``lm``: the LM decoder stack (``transformer_lm`` dimensions, 6 x 512), a step being
-``decoder.extract_features(tokens)``, ``(features * R).sum().backward()`` with a fixed random R
-(no vocabulary projection: the same for all, it would hide the attention), ``--tokens-per-batch``
-tokens per step at every length. Variants: ``softmax`` (fairseq's MultiheadAttention), ``sdpa``
-(the same projections through torch's ``scaled_dot_product_attention``, no T x T mask), ``rfa``,
-``rfa_gate`` and their ``*_recompute`` forms (``--rfa-recompute``).
-``translation``: real batches of a binarised corpus (``--max-tokens``), label-smoothed cross
-entropy forward + backward, softmax against RFA and RFA-Gate translation models, the variants
-taking turns step by step. ``encoder``: one encoder self-attention module (512 dims, 8 heads) on
-one source of T tokens: softmax, sdpa, rfa, favor, lara. ``chunk``: ``ops.chunk_causal_rfa``
-alone by chunk size (how ``--rfa-chunk-size`` was chosen), forward + backward (``train``) or the
-forward with its final state (``infer``).
-
-Per row: ``--statistic`` seconds of ``--repeats`` steps after one warm-up step, whose peak memory
-above the start is recorded (bench/harness.py); tokens/s and its ``ratio`` to softmax in the same
-run (and ``ratio_sdpa``; > 1 is faster). A length predicted to take over ``--max-seconds``, or
-that ran out of memory at a shorter length, is skipped and recorded.
+``lm``: the LM decoder stack (6 x 512), ``decoder.extract_features`` then ``(features * R).sum()``
+backward with a fixed random R (no vocabulary projection: the same for all), ``--tokens-per-batch``
+tokens per step at every length; ``softmax`` (fairseq's MultiheadAttention), ``sdpa`` (its
+projections through torch's ``scaled_dot_product_attention``), ``rfa``, ``rfa_gate`` and their
+``*_recompute`` forms (``--rfa-recompute``). ``translation``: label-smoothed cross entropy on
+batches of a binarised corpus, the models taking turns step by step. ``encoder``: one encoder
+self-attention module on one source of T tokens. ``chunk``: ops.chunk_causal_rfa by chunk size,
+forward + backward (``train``) or forward with the final state (``infer``). Per row: the
+``--statistic`` of ``--repeats`` timed steps after a warm-up step and that step's peak memory
+(bench/harness.py); tokens/s, its ``ratio`` to softmax and ``ratio_sdpa`` to SDPA (same run, > 1
+is faster). Lengths predicted over ``--max-seconds``, or after running out of memory, are skipped.
 
     python bench/train.py lm --lengths 256 1024 8192 --out train_lm.json
     python bench/train.py translation DATA_BIN --out train_translation.json
-    python bench/train.py encoder --lengths 1024 4096 --out encoder.json
-    python bench/train.py chunk --chunk-sizes 32 64 128 --lengths 512 2048 --out chunk.json
+    python bench/train.py encoder --lengths 1024 4096 --out train_encoder.json
+    python bench/train.py chunk --chunk-sizes 32 64 128 --lengths 512 2048 --out train_chunk.json
 """
 import argparse
 import gc
@@ -47,28 +41,25 @@ MT = {"softmax": ["--arch", "transformer_iwslt_de_en"],
       "rfa_gate": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa", "--rfa-gate"],
       "rfa_gate_softcross": ["--arch", "rfa_transformer_iwslt_de_en", "--rfa-gate"]}
 ENCODER = ("softmax", "sdpa", "rfa", "favor", "lara")
-QUADRATIC = ("softmax", "sdpa")
-DTYPES = {"float32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-# mode: (variants, default variants, full settings, --tiny settings)
-SETTINGS = {
-    "lm": (LM, list(LM)[:4], dict(lengths=[256, 512, 1024, 4096, 8192], tokens_per_batch=8192, layers=6, embed_dim=512,
-                                  heads=8, ffn_dim=2048, vocab=32000),
+SETTINGS = {  # mode: (variants, default variants, sizes, sizes with --tiny)
+    "lm": (list(LM), list(LM)[:4], dict(lengths=[256, 512, 1024, 4096, 8192], tokens_per_batch=8192, layers=6,
+                                        embed_dim=512, heads=8, ffn_dim=2048, vocab=32000),
            dict(lengths=[32, 64], tokens_per_batch=256, layers=2, embed_dim=64, heads=4, ffn_dim=128, vocab=100)),
-    "translation": (MT, list(MT)[:3], dict(layers=2, embed_dim=256, heads=4, ffn_dim=512),
+    "translation": (list(MT), list(MT)[:3], dict(layers=2, embed_dim=256, heads=4, ffn_dim=512),
                     dict(layers=1, embed_dim=32, heads=4, ffn_dim=64)),
-    "encoder": (ENCODER, list(ENCODER), dict(lengths=[512, 1024, 2048, 4096, 8192, 16384], embed_dim=512, heads=8,
-                                             feature_dim=64, landmarks=16),
+    "encoder": (list(ENCODER), list(ENCODER), dict(lengths=[512, 1024, 2048, 4096, 8192, 16384], embed_dim=512,
+                                                   heads=8, feature_dim=64, landmarks=16),
                 dict(lengths=[64, 128], embed_dim=32, heads=4, feature_dim=8, landmarks=4)),
-    "chunk": ((), [], dict(chunk_sizes=[16, 32, 64, 128, 256], lengths=[512, 2048, 8192], tokens_per_batch=8192,
-                           heads=8, feature_dim=64, head_dim=64),
+    "chunk": (None, None, dict(chunk_sizes=[16, 32, 64, 128, 256], lengths=[512, 2048, 8192], tokens_per_batch=8192,
+                               heads=8, feature_dim=64, head_dim=64),
               dict(chunk_sizes=[8, 16, 32], lengths=[64, 128], tokens_per_batch=256, heads=2, feature_dim=8, head_dim=8)),
 }
 
 
 class SDPAAttention(nn.Module):
     """A fairseq MultiheadAttention's q/k/v/out projections through ``F.scaled_dot_product_attention``
-    (Time x Batch x Channel), causal or not: the exact-softmax baseline of lm and encoder. Training
-    only: no padding mask, no incremental state, no attention weights."""
+    (Time x Batch x Channel), causal or not: the exact-softmax baseline of ``lm`` and ``encoder``.
+    Training only: no padding mask, no incremental state, no attention weights."""
 
     def __init__(self, mha, causal):
         super().__init__()
@@ -91,11 +82,11 @@ class SDPAAttention(nn.Module):
         return {}
 
 
-def build(args, variant, extra):
-    """A fairseq model of ``variant`` (random weights, seed 0, dropout 0 unless ``extra`` says) and its task."""
+def build(args, variant, flags):
+    """The fairseq model of ``flags`` (random weights, seed 0) in training mode, and its task."""
     from fairseq import options, tasks
 
-    parsed = options.parse_args_and_arch(options.get_training_parser(), extra + ["--user-dir", harness.user_dir()])
+    parsed = options.parse_args_and_arch(options.get_training_parser(), flags + ["--user-dir", harness.user_dir()])
     torch.manual_seed(0)
     task = tasks.setup_task(parsed)
     model = task.build_model(parsed).to(args.device).train()
@@ -109,25 +100,23 @@ def build(args, variant, extra):
 def build_lm(args, variant, max_len):
     if not hasattr(args, "data"):
         args.data = harness.fake_dictionary(tempfile.mkdtemp(prefix="rfa_bench_"), args.vocab, names=("dict.txt",))
-    dims = ["--decoder-layers", args.layers, "--decoder-embed-dim", args.embed_dim, "--decoder-input-dim", args.embed_dim,
-            "--decoder-output-dim", args.embed_dim, "--decoder-attention-heads", args.heads,
-            "--decoder-ffn-embed-dim", args.ffn_dim, "--tokens-per-sample", max_len, "--max-target-positions", max_len]
-    return build(args, variant, [args.data, "--task", "language_modeling", "--dropout", "0"] + LM[variant] + [str(d) for d in dims])
+    sizes = dict(layers=args.layers, embed_dim=args.embed_dim, input_dim=args.embed_dim, output_dim=args.embed_dim,
+                 attention_heads=args.heads, ffn_embed_dim=args.ffn_dim)
+    flags = [f for k, v in sizes.items() for f in ("--decoder-" + k.replace("_", "-"), str(v))]
+    return build(args, variant, [args.data, "--task", "language_modeling", "--dropout", "0", "--tokens-per-sample",
+                                 str(max_len), "--max-target-positions", str(max_len)] + flags + LM[variant])
 
 
 def lm_step(args, variant, length):
     model, task, _ = build_lm(args, variant, max(args.lengths))
-    d, g = task.source_dictionary, torch.Generator().manual_seed(length)
-    batch = max(1, args.tokens_per_batch // length)
+    d, g, batch = task.source_dictionary, torch.Generator().manual_seed(length), max(1, args.tokens_per_batch // length)
     tokens = torch.randint(d.nspecial, len(d), (batch, length), generator=g).to(args.device)
     target = torch.randn(batch, length, args.embed_dim, generator=g).to(args.device)
 
     def step():
         model.zero_grad(set_to_none=True)
-        with torch.autocast(args.device, dtype=DTYPES[args.dtype], enabled=DTYPES[args.dtype] is not None):
-            features = model.decoder.extract_features(tokens, None)[0]
-        (features.float() * target).sum().backward()
-    return step, model, batch * length, dict(batch=batch)
+        (model.decoder.extract_features(tokens, None)[0] * target).sum().backward()
+    return step, model, dict(batch=batch, tokens=batch * length)
 
 
 def encoder_module(args, variant):
@@ -140,8 +129,9 @@ def encoder_module(args, variant):
 
 
 def encoder_step(args, variant, length):
-    if variant == "softmax" and 16 * args.heads * length ** 2 > args.max_memory_gb * 2**30:
-        return f"its attention matrices (4 fp32 copies per head) would need {16 * args.heads * length ** 2 / 2**30:.0f} GiB"
+    need = 16 * args.heads * length ** 2  # fairseq's softmax keeps 4 fp32 T x T tensors per head for backward
+    if variant == "softmax" and need > args.max_memory_gb * 2**30:
+        return f"its attention matrices would need about {need / 2**30:.0f} GiB (> --max-memory-gb)"
     module, g = encoder_module(args, variant), torch.Generator().manual_seed(length)
     x = torch.randn(length, 1, args.embed_dim, generator=g).to(args.device).requires_grad_()
     r = torch.randn(length, 1, args.embed_dim, generator=g).to(args.device)
@@ -150,168 +140,142 @@ def encoder_step(args, variant, length):
         x.grad = None
         module.zero_grad(set_to_none=True)
         (module(x, x, x)[0] * r).sum().backward()
-    return step, module, length, {}
+    return step, module, dict(tokens=length)
 
 
 def by_length(args, make_step, power):
-    """Every variant at every length (taking turns at each length); ``make_step`` returns
-    (step, model, tokens, extra fields) or the reason to skip."""
+    """At each length every variant in turn; ``make_step`` gives (step, model, fields) or why to skip.
+    A step is predicted to cost the last length's seconds x (length ratio) ** power[quadratic]."""
     rows, last, failed = [], {}, {}
     for length in args.lengths:
         for variant in args.variants:
-            row = dict(model=variant, length=length)
-            rows.append(row)
-            if variant in failed:
-                row["skipped"] = f"out of memory at length {failed[variant]}"
-            elif variant in last:
-                guess = last[variant][1] * (length / last[variant][0]) ** power[variant in QUADRATIC] * (args.repeats + 1)
-                if guess > args.max_seconds:
-                    row["skipped"] = f"predicted {guess:.0f} s > --max-seconds {args.max_seconds:g}"
-            made = None if "skipped" in row else make_step(args, variant, length)
+            rows.append(dict(model=variant, length=length))
+            guess = last[variant][1] * (length / last[variant][0]) ** power[variant in ("softmax", "sdpa")] \
+                * (args.repeats + 1) if variant in last else 0
+            made = (f"out of memory at length {failed[variant]}" if variant in failed else
+                    f"predicted {guess:.0f} s > --max-seconds {args.max_seconds:g}" if guess > args.max_seconds
+                    else make_step(args, variant, length))
             if isinstance(made, str):
-                row["skipped"] = made
-            if "skipped" in row:
-                print(f"{variant:18s} {length:6d}: skipped, {row['skipped']}", flush=True)
+                rows[-1]["skipped"] = made
+                print(f"{variant:18s} {length:6d}: skipped, {made}", flush=True)
                 continue
-            step, model, tokens, extra = made
+            step, model, fields = made
             try:
-                row.update(extra, tokens=tokens, **harness.measure(step, args.device, args.repeats, args.clock,
-                                                                   args.statistic, watch=[model]))
+                rows[-1].update(fields, **harness.measure(step, args.device, args.repeats, args.clock, args.statistic, [model]))
+                rows[-1]["tokens_per_s"], last[variant] = fields["tokens"] / rows[-1]["seconds"], (length, rows[-1]["seconds"])
             except (RuntimeError, MemoryError) as e:
                 if not harness.is_oom(e):
                     raise
-                row["error"], failed[variant] = "out of memory", length
+                rows[-1]["error"], failed[variant] = "out of memory", length
             del step, model, made
             gc.collect()
-            if "seconds" in row:
-                row["tokens_per_s"] = tokens / row["seconds"]
-                last[variant] = (length, row["seconds"])
-            print(f"{variant:18s} {length:6d}: {row.get('seconds', float('nan')):9.4f} s/step, "
-                  f"peak {(row.get('peak_bytes') or 0) / 2**20:9.1f} MiB {row.get('error', '')}", flush=True)
+            print(f"{variant:18s} {length:6d}: {rows[-1].get('seconds', float('nan')):9.4f} s/step, "
+                  f"peak {harness.mib(rows[-1].get('peak_bytes'))} MiB {rows[-1].get('error', '')}", flush=True)
     return rows
 
 
 def translation(args):
+    from fairseq import utils
+
     flags = [args.data, "--task", "translation", "--share-all-embeddings", "--dropout", "0.1", "--seed", "1",
              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", str(args.max_tokens)]
     for side in ("encoder", "decoder"):
         flags += [f"--{side}-layers", str(args.layers), f"--{side}-embed-dim", str(args.embed_dim),
                   f"--{side}-ffn-embed-dim", str(args.ffn_dim), f"--{side}-attention-heads", str(args.heads)]
     built = {v: build(args, v, flags + MT[v]) for v in args.variants}
-    model, task, parsed = built[args.variants[0]]
+    task = built[args.variants[0]][1]
     task.load_dataset("train")
     itr = task.get_batch_iterator(task.dataset("train"), max_tokens=args.max_tokens, seed=1,
                                   max_positions=(1024, 1024)).next_epoch_itr(shuffle=True)
-    samples = [to_device(next(itr), args.device) for _ in range(min(args.batches, len(itr)))]
-    criteria = {v: task.build_criterion(p) for v, (_, _, p) in built.items()}
-    rows = {v: dict(model=v, times=[]) for v in args.variants}
-    for i in range(args.repeats + 1):  # the variants take turns step by step; the first step warms up
-        for v, (model, _, _) in built.items():
+    samples = [next(itr) for _ in range(min(args.batches, len(itr)))]
+    samples = [utils.move_to_cuda(s) for s in samples] if args.device == "cuda" else samples
+    rows, tokens = {v: dict(model=v, times=[]) for v in args.variants}, sum(s["ntokens"] for s in samples) / len(samples)
+    for i in range(args.repeats):  # the variants take turns step by step
+        for v, (model, task, parsed) in built.items():
+            criterion = task.build_criterion(parsed)
+
             def step():
                 model.zero_grad(set_to_none=True)
-                criteria[v](model, samples[i % len(samples)])[0].backward()
-            if i == 0:
-                with harness.PeakMemory(args.device, watch=[model]) as mem:
-                    step()
-                rows[v]["peak_bytes"] = mem.peak_bytes
+                criterion(model, samples[i % len(samples)])[0].backward()
+            if i == 0:  # a warm-up step (peak memory), then a timed one
+                rows[v].update(harness.measure(step, args.device, 1, args.clock, watch=[model]))
             else:
                 rows[v]["times"] += harness.timed(step, args.device, clock=args.clock)
-    tokens = sum(s["ntokens"] for s in samples) / len(samples)
     for r in rows.values():
         r.update(seconds=harness.STATISTICS[args.statistic](r["times"]), tokens=tokens)
         r["tokens_per_s"] = tokens / r["seconds"]
     return list(rows.values())
 
 
-def to_device(sample, device):
-    from fairseq import utils
-
-    return utils.move_to_cuda(sample) if device == "cuda" else sample
-
-
 def chunk(args):
     from rfa_fairseq.ops import chunk_causal_rfa
 
-    rows = []
+    rows, D = [], args.feature_dim
     for mode in args.passes:
         for gated in (False, True):
             for length in args.lengths:
-                B, H, D, K = max(1, args.tokens_per_batch // length), args.heads, args.feature_dim, args.head_dim
-                g = torch.Generator().manual_seed(0)
-                q, k = [torch.cat([a.sin(), a.cos()], -1) / math.sqrt(D)
-                        for a in (2 * torch.randn(B, H, length, D, generator=g) for _ in range(2))]
-                v, grad = torch.randn(B, H, length, K, generator=g), torch.randn(B, H, length, K, generator=g)
-                log_g = F.logsigmoid(torch.randn(B, H, length, generator=g) + 2) if gated else None
-                inputs = [x.to(args.device).requires_grad_(mode == "train") for x in (q, k, v, log_g) if x is not None]
-                grad = grad.to(args.device)
+                shape, g = (max(1, args.tokens_per_batch // length), args.heads, length), torch.Generator().manual_seed(0)
+                q, k = [torch.cat([a.sin(), a.cos()], -1) / math.sqrt(D) for a in (2 * torch.randn(*shape, D, generator=g)
+                                                                                  for _ in range(2))]
+                v, grad = [torch.randn(*shape, args.head_dim, generator=g).to(args.device) for _ in range(2)]
+                log_g = F.logsigmoid(torch.randn(*shape, generator=g) + 2) if gated else None
+                q, k, v, log_g = [x if x is None else x.to(args.device).requires_grad_(mode == "train") for x in (q, k, v, log_g)]
                 for size in args.chunk_sizes:
                     def step():
                         if mode == "train":
-                            chunk_causal_rfa(*inputs[:3], inputs[3] if gated else None, chunk_size=size).backward(grad)
+                            chunk_causal_rfa(q, k, v, log_g, chunk_size=size).backward(grad)
                         else:
                             with torch.inference_mode():
-                                chunk_causal_rfa(*inputs[:3], inputs[3] if gated else None, chunk_size=size, return_state=True)
-                    rows.append({"model": f"C={size}", "pass": mode, "gated": gated, "length": length, "batch": B,
-                                 "chunk_size": size, **harness.measure(step, args.device, args.repeats, args.clock,
-                                                                       args.statistic)})
-                    for x in inputs:
-                        x.grad = None
-                print(f"{mode:5s} gated={gated!s:5s} {length:6d}: " + " ".join(
-                    f"C={r['chunk_size']} {1e3 * r['seconds']:.2f} ms" for r in rows[-len(args.chunk_sizes):]), flush=True)
+                                chunk_causal_rfa(q, k, v, log_g, chunk_size=size, return_state=True)
+                    rows.append({"model": f"C={size}", "pass": mode, "gated": gated, "length": length, "batch": shape[0],
+                                 "chunk_size": size, **harness.measure(step, args.device, args.repeats, args.clock, args.statistic)})
+                print(mode, gated, length, " ".join(f"C={r['chunk_size']}: {1e3 * r['seconds']:.2f} ms" for r in rows[-len(args.chunk_sizes):]))
     return rows
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     modes = p.add_subparsers(dest="mode", required=True)
-    subs = {m: modes.add_parser(m, help=h) for m, h in (
-        ("lm", "LM decoder stack by length"), ("translation", "real batches of a binarised corpus"),
-        ("encoder", "one encoder self-attention module by source length"), ("chunk", "chunk size of chunk_causal_rfa"))}
-    subs["translation"].add_argument("data", help="binarised translation data (a fairseq-preprocess destdir)")
-    for mode, sub in subs.items():
-        variants, default, full, tiny = SETTINGS[mode]
+    for mode, (variants, default, full, tiny) in SETTINGS.items():
+        sub = modes.add_parser(mode, help=f"the {mode} benchmark (see above)")
+        if mode == "translation":
+            sub.add_argument("data", help="binarised translation data (a fairseq-preprocess destdir)")
+            sub.add_argument("--max-tokens", type=harness.positive, default=4000)
+            sub.add_argument("--batches", type=harness.positive, default=4, help="distinct batches, used in turn")
+        else:
+            sub.add_argument("--max-seconds", type=float, default=600.0, help="skip a length predicted to take longer")
         if variants:
-            sub.add_argument("--variants", nargs="+", choices=list(variants), default=default)
+            sub.add_argument("--variants", nargs="+", choices=variants, default=default)
         for name in full:
-            many = name in ("lengths", "chunk_sizes")
-            sub.add_argument("--" + name.replace("_", "-"), type=harness.positive, nargs="+" if many else None,
+            sub.add_argument("--" + name.replace("_", "-"), type=harness.positive, nargs="+" if name in ("lengths", "chunk_sizes") else None,
                              help=f"default {full[name]} (--tiny: {tiny[name]})")
         harness.common_flags(sub, repeats=3)
         sub.add_argument("--tiny", action="store_true", help="small sizes (for tests)")
-        if mode != "translation":
-            sub.add_argument("--max-seconds", type=float, default=600.0, help="skip a length predicted to take longer")
-    subs["lm"].add_argument("--dtype", choices=list(DTYPES), default="float32", help="bf16/fp16: torch.autocast (CUDA)")
-    subs["translation"].add_argument("--max-tokens", type=harness.positive, default=4000)
-    subs["translation"].add_argument("--batches", type=harness.positive, default=4, help="distinct batches, in turn")
-    subs["encoder"].add_argument("--max-memory-gb", type=float, default=10.0,
-                                 help="skip softmax where its attention matrices would need more")
-    subs["chunk"].add_argument("--passes", nargs="+", choices=["train", "infer"], default=["train", "infer"])
+    modes.choices["encoder"].add_argument("--max-memory-gb", type=float, default=10.0,
+                                          help="skip softmax where its attention matrices would need more")
+    modes.choices["chunk"].add_argument("--passes", nargs="+", choices=["train", "infer"], default=["train", "infer"])
     args = p.parse_args(argv)
-    sub = subs[args.mode]
+    sub = modes.choices[args.mode]
     harness.setup(sub, args)
     for name, value in SETTINGS[args.mode][3 if args.tiny else 2].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+        setattr(args, name, value if getattr(args, name) is None else getattr(args, name))
     if hasattr(args, "embed_dim") and args.embed_dim % args.heads:
         sub.error(f"--embed-dim {args.embed_dim} is not divisible by --heads {args.heads}")
-    if getattr(args, "dtype", "float32") != "float32" and args.device != "cuda":
-        sub.error(f"--dtype {args.dtype} (torch.autocast) is measured on CUDA only")
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.mode == "lm":
-        rows = by_length(args, lm_step, power=(0, 1))  # tokens per step fixed: softmax's step grows linearly
-    elif args.mode == "encoder":
-        rows = by_length(args, encoder_step, power=(1, 2))
+    if args.mode in ("lm", "encoder"):  # lm: tokens per step fixed, so softmax's step grows linearly with length
+        rows = by_length(args, lm_step if args.mode == "lm" else encoder_step, (0, 1) if args.mode == "lm" else (1, 2))
     else:
         rows = translation(args) if args.mode == "translation" else chunk(args)
     reference = "softmax" if any(r["model"] == "softmax" for r in rows) else rows[0]["model"]
     if args.mode != "chunk":
         harness.add_ratios(rows, reference, group=("length",) if args.mode != "translation" else ())
         harness.add_ratios(rows, "sdpa", field="ratio_sdpa")
-    meta = dict(harness.machine(args.device), bench=f"train-{args.mode}", reference=reference, args=vars(args))
+    meta = dict(harness.machine(args.device, ["train.py"] + (sys.argv[1:] if argv is None else argv)),
+                bench=f"train-{args.mode}", reference=reference, args=vars(args))
     if args.out:
         harness.write_json(args.out, meta, rows)
     return rows

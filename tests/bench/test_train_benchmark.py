@@ -69,7 +69,7 @@ def test_translation_mode_on_real_batches(tmp_path):
                for r in rows)
 
 
-@pytest.mark.parametrize("argv", [["lm", "--dtype", "bf16", "--device", "cpu"], ["lm", "--embed-dim", "30", "--heads", "4"],
+@pytest.mark.parametrize("argv", [["lm", "--tokens-per-batch", "0"], ["lm", "--embed-dim", "30", "--heads", "4"],
                                   ["encoder", "--lengths", "0"], ["chunk", "--variants", "rfa"], ["lm", "--variants", "x"]])
 def test_bad_flags_stop_with_an_error(argv, capsys):
     with pytest.raises(SystemExit) as e:

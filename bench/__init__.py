@@ -1,1 +1,0 @@
-"""Benchmarks (see docs/benchmarks.md); run as scripts: python bench/<name>.py --help."""
