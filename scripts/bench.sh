@@ -22,7 +22,7 @@ else
 fi
 "$PY" bench/decode.py synthetic --task translation "${TR[@]}" "${C[@]}" --out "$OUT/decode_translation.json"
 "$PY" bench/decode.py synthetic --task lm "${LM[@]}" "${C[@]}" --out "$OUT/decode_lm.json"
-"$PY" bench/decode.py synthetic --models softmax rfa_gate --profile --repeats 1 "${PROF[@]}" "${C[@]}" --out "$OUT/profile_decode.json"
+"$PY" bench/decode.py synthetic --models softmax rfa_gate --profile --repeats 1 --max-seconds 3600 "${PROF[@]}" "${C[@]}" --out "$OUT/profile_decode.json"
 "$PY" bench/train.py lm "${TRAIN[@]}" "${C[@]}" --out "$OUT/train_lm.json"
 "$PY" bench/train.py encoder "${ENC[@]}" "${C[@]}" --out "$OUT/train_encoder.json"
 "$PY" bench/report.py "$OUT"/{decode_translation,decode_lm,profile_decode,train_lm,train_encoder}.json \

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from bench import decode
+from bench import decode, report
 from rfa_test_utils import USER_DIR, multi30k_bin, run_cli
 
 TINY = ["--tiny", "--vocab", "60", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
@@ -103,3 +103,6 @@ def test_checkpoint_mode_decodes_the_split_in_fresh_processes(checkpoints, tmp_p
         assert r["tokens_per_s"] == pytest.approx(rows[0]["tokens_per_s"] * r["ratio"])
         assert r["memory_ratio"] == pytest.approx(r["peak_bytes"] / rows[0]["peak_bytes"])
         assert sum(r["profile"]["ms_per_step_by_range"].values()) == pytest.approx(r["profile"]["ms_per_step"])
+    # the table recipes/*/speed.sh writes: run, sentences, ..., tokens/s, speed and memory vs the first run
+    lines = [line.split(" | ") for line in report.main([str(out)]).splitlines() if line.startswith("| softmax")]
+    assert lines[0][1:2] == ["9"] and lines[0][6:7] == ["1.00x"] and "--beam 2" in report.main([str(out)])
