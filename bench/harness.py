@@ -115,7 +115,7 @@ def measure(step, device, repeats, clock="wall", statistic="median", watch=()):
 
 
 def is_oom(e):
-    return isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in str(e)
+    return isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in str(e) or "t allocate" in str(e)
 
 
 def add_ratios(rows, reference, key="tokens_per_s", field="ratio", group=("length",)):
