@@ -83,6 +83,7 @@ def _rel_err(actual, expected):
     return ((actual.double() - expected).abs().max() / expected.abs().max()).item()
 
 
+@pytest.mark.slow  # 16,384 decoding steps per case
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gate", GATES)
 def test_16k_step_decoding_stays_finite_bounded_and_accurate(long_run_reference, gate, dtype):
