@@ -137,3 +137,22 @@ def test_a_tiny_stateful_lm_run(tmp_path, monkeypatch):
     assert 1 < softmax["test_ppl_sliding"] < 1e4 and "test_ppl_stateful" not in softmax
     articles = [(tmp_path / "work" / "text" / f"{n}.tokens").read_text().count(" = Article") for n in ("train", "valid", "test")]
     assert articles == [32, 4, 4]  # article i: valid if i % 10 == 3, test if i % 10 == 7
+
+
+@pytest.mark.slow
+def test_a_tiny_listops_run(tmp_path, monkeypatch):
+    data = dict(lra.SETTINGS["tiny"]["data"], train=64, valid=16, test=16, max_length=60)
+    monkeypatch.setitem(lra.SETTINGS, "tiny", dict(lra.SETTINGS["tiny"], data=data, model=lra.model(1, 16), updates=3,
+                                                   warmup=1))
+    out = tmp_path / "out.jsonl"
+    lra.main(lra, ["--setting", "tiny", "--variants", "softmax", "lara", "--work", str(tmp_path), "--out", str(out),
+                   "--cpu"])
+    for r in runner.load(out):
+        assert 0 <= r["test_accuracy"] <= 100 and 0 <= r["valid_accuracy"] <= 100 and r["peak_mb"] > 100
+    table = {row["variant"]: row for row in parse(runner.report(lra, runner.load(out)))}
+    assert table["softmax"]["peak MB"].endswith("(1.00x, 1 thr)") and list(table) == ["softmax", "lara"]
+
+
+def parse(table):
+    head, _, *rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
+    return [dict(zip(head, row)) for row in rows]
