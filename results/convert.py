@@ -50,7 +50,8 @@ def run_one(variant, s, seed, data, out, a) -> dict:
         if not ckpt.exists():
             ckpt.parent.mkdir(parents=True, exist_ok=True)
             run([PY, "scripts/convert_from_softmax.py", "--input", folder(a, "softmax", seed) / "checkpoint_last.pt",
-                 "--output", ckpt, "--seed", seed, "--rfa-gate", "--cross-attention", "softmax" if softcross else "rfa"],
+                 "--output", ckpt, "--seed", seed, "--rfa-gate", "--cross-attention",
+                 "softmax" if softcross else "rfa"],
                 ckpt.parent / "convert.log")
     if kind == "finetuned":
         warmup = dict(s, warmup=max(1, min(s["warmup"], extra // 5)))

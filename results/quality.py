@@ -52,7 +52,7 @@ VARIANTS = {
     "elu_softcross": PLUGIN + ["--rfa-kernel", "elu"],
     "gate_elu_softcross": PLUGIN + ["--rfa-gate", "--rfa-kernel", "elu"],
     # linear encoders behind the default RFA-Gate decoder and behind fairseq's softmax decoder; LARA: 8 landmarks
-    **{f"{prefix}enc_{kind}": decoder + ["--encoder-attention", kind] + (["--lara-landmarks", "8"] if kind == "lara" else [])
+    **{f"{prefix}enc_{kind}": decoder + ["--encoder-attention", kind] + ["--lara-landmarks", "8"] * (kind == "lara")
        for prefix, decoder in (("", PLUGIN + ["--rfa-gate"]), ("softdec_", PLUGIN + ["--decoder-attention", "softmax"]))
        for kind in ("rfa", "favor", "lara")},
 }

@@ -46,7 +46,8 @@ def prepare(a):
     data, text = a.work / "bin", a.work / "text"
     if not (data / "dict.txt").exists():
         text.mkdir(parents=True, exist_ok=True)
-        lines = [line for name in ("valid", "test") for line in (a.source / f"wiki.{name}.tokens").open(encoding="utf-8")]
+        files = [a.source / "wiki.valid.tokens", a.source / "wiki.test.tokens"]
+        lines = [line for path in files for line in path.open(encoding="utf-8")]
         split = {"train": [], "valid": [], "test": []}
         article, size = 0, 0  # the article's index, its lines so far
         for line in lines:
@@ -73,7 +74,8 @@ def run_one(variant, s, seed, data, out, a) -> dict:
                     "--adaptive-softmax-cutoff", s["cutoffs"], "--criterion", "adaptive_loss", "--dropout", "0.2",
                     "--tokens-per-sample", s["block"], "--ddp-backend", "legacy_ddp", "--optimizer", "adam",
                     "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0", "--lr", s["lr"], "--lr-scheduler",
-                    "inverse_sqrt", "--warmup-updates", s["warmup"], *rows(task, s), "--seed", seed, "--log-interval", "50"],
+                    "inverse_sqrt", "--warmup-updates", s["warmup"], *rows(task, s), "--seed", seed,
+                    "--log-interval", "50"],
                    out, s["updates"], a)
     # the validation perplexities (base 2, fairseq's log) and the update of the best, the one scored
     valid = [(v["ppl"], int(v["num_updates"])) for v in valid_scores((out / "train.log").read_text())]
@@ -83,8 +85,8 @@ def run_one(variant, s, seed, data, out, a) -> dict:
     ckpt, block = out / "checkpoint_best.pt", ["--tokens-per-sample", s["block"]]
     record["test_ppl_blocks"] = eval_lm(data, ckpt, out / "eval_blocks.log", a, *block, *rows("language_modeling", s))
     if variant == "softmax":
-        record["test_ppl_sliding"] = eval_lm(data, ckpt, out / "eval_sliding.log", a, *block, *rows("language_modeling", s),
-                                             "--context-window", s["block"] // 2)
+        record["test_ppl_sliding"] = eval_lm(data, ckpt, out / "eval_sliding.log", a, *block,
+                                             *rows("language_modeling", s), "--context-window", s["block"] // 2)
     else:
         record["test_ppl_stateful"] = eval_lm(data, ckpt, out / "eval_stateful.log", a, *block, "--batch-size", "1",
                                               "--task", "rfa_stateful_lm")
