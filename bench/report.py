@@ -131,8 +131,8 @@ def main(argv=None):
     else:
         print(text)
     if args.figure:
-        figure([d for d in files if d["meta"]["bench"] in ("decode-synthetic", "train-lm")] or p.error(
-            "--figure plots decode-synthetic and train-lm results; none was given"), args.figure)
+        plotted = [d for d in files if d["meta"]["bench"] in ("decode-synthetic", "train-lm") and not d["meta"]["args"].get("profile")]
+        figure(plotted or p.error("--figure plots decode-synthetic (without --profile) and train-lm results; none given"), args.figure)
     return text
 
 
