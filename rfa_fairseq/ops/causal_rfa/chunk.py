@@ -57,7 +57,7 @@ def chunk_causal_rfa(
 
     qf = _pad_time(q.to(acc), pad).view(B, H, N, C, Fd)
     kf = _pad_time(k.to(acc), pad)
-    # A column of ones turns the numerator state into (S, z) at once.
+    # A column of ones on v makes the state [S | z] at once.
     v1 = torch.cat([v.to(acc), v.new_ones(B, H, T, 1, dtype=acc)], dim=-1)
     vf = _pad_time(v1, pad).view(B, H, N, C, K + 1)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
