@@ -4,6 +4,7 @@ the real CLIs: fairseq-train, fairseq-generate + sacreBLEU, fairseq-eval-lm."""
 import gzip
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -150,7 +151,8 @@ def test_a_tiny_listops_run(tmp_path, monkeypatch):
     for r in runner.load(out):
         assert 0 <= r["test_accuracy"] <= 100 and 0 <= r["valid_accuracy"] <= 100 and r["peak_mb"] > 100
     table = {row["variant"]: row for row in parse(runner.report(lra, runner.load(out)))}
-    assert table["softmax"]["peak MB"].endswith("(1.00x, 1 thr)") and list(table) == ["softmax", "lara"]
+    # softmax is its own reference, whatever the number of threads the run had
+    assert re.search(r"\(1\.00x, \d+ thr\)$", table["softmax"]["peak MB"]) and list(table) == ["softmax", "lara"]
 
 
 def parse(table):
