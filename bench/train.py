@@ -35,7 +35,9 @@ import harness  # noqa: E402
 LM = {"softmax": ["--arch", "transformer_lm"], "sdpa": ["--arch", "transformer_lm"],
       "rfa": ["--arch", "rfa_transformer_lm"], "rfa_gate": ["--arch", "rfa_transformer_lm", "--rfa-gate"],
       "rfa_recompute": ["--arch", "rfa_transformer_lm", "--rfa-recompute"],
-      "rfa_gate_recompute": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute"]}
+      "rfa_gate_recompute": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute"],
+      "rfa_keep": ["--arch", "rfa_transformer_lm", "--rfa-recompute-segment", "0"],
+      "rfa_gate_keep": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute-segment", "0"]}
 MT = {"softmax": ["--arch", "transformer_iwslt_de_en"],
       "rfa": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa"],
       "rfa_gate": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa", "--rfa-gate"],

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
-from .ops.causal_rfa import DEFAULT_CHUNK_SIZE, GATE_FORMS
-from .validation import finite, flag, one_of, positive_finite, positive_int
+from .ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
+from .validation import finite, flag, non_negative_int, one_of, positive_finite, positive_int
 
 __all__ = ["RFAConfig", "RFA_FIELDS", "fill_rfa_defaults", "flag", "rfa_config_from", "refuse_changed"]
 
@@ -38,6 +38,11 @@ class RFAConfig(FairseqDataclass):
         default="orthogonal",
         metadata={"help": "distribution of the random projection rows: i.i.d. gaussian, or orthogonal "
                           "blocks with chi-distributed norms (lower variance)"},
+    )
+    rfa_fixed_features: bool = field(
+        default=False,
+        metadata={"help": "the decoder's RFA attention keeps the random matrices drawn when the model is built "
+                          "for the whole of training, instead of drawing new ones at every update"},
     )
     rfa_gate: bool = field(
         default=False, metadata={"help": "RFA-Gate: a learned recency gate on causal attention"}
@@ -79,9 +84,16 @@ class RFAConfig(FairseqDataclass):
     )
     rfa_recompute: bool = field(
         default=False,
-        metadata={"help": "in training, keep only q, k, v of the decoder's RFA attention for the backward pass "
-                          "and compute the random features and the attention again there (training memory about "
-                          "0.6-0.9x of the default, for a second forward pass of the attention; see docs/benchmarks.md)"},
+        metadata={"help": "in training, keep only q, k, v of every RFA attention for the backward pass and compute "
+                          "the random features and the attention again there, also for sequences no longer than "
+                          "--rfa-recompute-segment and for cross attention (see docs/benchmarks.md)"},
+    )
+    rfa_recompute_segment: int = field(
+        default=DEFAULT_RECOMPUTE_SEGMENT,
+        metadata={"help": "in training, causal RFA takes a sequence longer than this many tokens segment by segment, "
+                          "keeping only each segment's q, k, v and entering state for the backward pass, which "
+                          "recomputes the segments one at a time: training memory grows with the length by the "
+                          "heads alone (0: no segments, every intermediate kept unless --rfa-recompute)"},
     )
 
 
@@ -113,12 +125,14 @@ def rfa_config_from(args) -> RFAConfig:
     values["rfa_random_matrix"] = one_of(flag("rfa_random_matrix"), values["rfa_random_matrix"], RANDOM_MATRICES)
     values["rfa_gate_form"] = one_of(flag("rfa_gate_form"), values["rfa_gate_form"], GATE_FORMS)
     values["rfa_gate"] = bool(values["rfa_gate"])
+    values["rfa_fixed_features"] = bool(values["rfa_fixed_features"])
     if not values["rfa_gate"] and (values["rfa_gate_form"] != _DEFAULTS.rfa_gate_form
                                    or values["rfa_gate_bias"] != _DEFAULTS.rfa_gate_bias):
         raise ValueError("--rfa-gate-form and --rfa-gate-bias shape the gate: they need --rfa-gate")
     values["rfa_cross_abs_denominator"] = bool(values["rfa_cross_abs_denominator"])
     values["rfa_cross_norm_rescale"] = bool(values["rfa_cross_norm_rescale"])
     values["rfa_recompute"] = bool(values["rfa_recompute"])
+    non_negative_int(flag("rfa_recompute_segment"), values["rfa_recompute_segment"])
     return RFAConfig(**values)
 
 

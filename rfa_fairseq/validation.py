@@ -20,6 +20,13 @@ def positive_int(name: str, value):
     return value
 
 
+def non_negative_int(name: str, value):
+    """``value`` if it is an int of at least 0 (a bool is not), else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be 0 or a positive integer, got {value!r}")
+    return value
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

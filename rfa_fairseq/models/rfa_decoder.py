@@ -40,6 +40,7 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             random_matrix=self.rfa.rfa_random_matrix,
             init_sigma=self.rfa.rfa_init_sigma,
             module_id=module_id,
+            fixed=self.rfa.rfa_fixed_features,
         )
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
@@ -56,6 +57,7 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
             eps=self.rfa.rfa_eps,
             chunk_size=self.rfa.rfa_chunk_size,
             recompute=self.rfa.rfa_recompute,
+            recompute_segment=self.rfa.rfa_recompute_segment,
         )
 
     def build_encoder_attention(self, embed_dim, cfg):

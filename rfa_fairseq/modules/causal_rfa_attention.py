@@ -21,8 +21,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..ops import chunk_causal_rfa, recurrent_causal_rfa_step
-from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, GATE_FORMS
+from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
 from ..ops.denominator import DEFAULT_EPS
+from ..validation import non_negative_int
 from .heads import merge_heads, split_heads
 from .random_feature_map import RandomFeatureMap
 from .rfa_attention_base import IncrementalState, RFAttentionBase, init_projection
@@ -59,17 +60,25 @@ class CausalRFAttention(RFAttentionBase):
             whole-sequence call for the backward pass, and compute the feature maps and the
             chunked form again there, instead of keeping their intermediates (about four times
             the heads' size). Decoding is not affected.
+        recompute_segment: under autograd, a whole sequence longer than this many tokens is
+            recomputed in any case, and segment by segment: each segment's checkpoint keeps its
+            heads and the state entering it (``[B, H, F, K + 1]``), and the backward pass
+            recomputes one segment at a time, so training memory grows with the length by the
+            heads alone. 0: no segments (a long sequence is recomputed only with ``recompute``,
+            and then whole).
     """
 
     STATE_KEY = "causal_rfa"
 
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, gate: bool = False,
                  bias: bool = True, eps: float = DEFAULT_EPS, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                 recompute: bool = False, gate_form: str = "convex", gate_bias: float = 2.0):
+                 recompute: bool = False, gate_form: str = "convex", gate_bias: float = 2.0,
+                 recompute_segment: int = DEFAULT_RECOMPUTE_SEGMENT):
         super().__init__(embed_dim, num_heads, feature_map, bias=bias, eps=eps, recompute=recompute)
         if gate_form not in GATE_FORMS:
             raise ValueError(f"gate_form must be one of {GATE_FORMS}, got {gate_form!r}")
-        self.chunk_size = chunk_size
+        non_negative_int("recompute_segment", recompute_segment)
+        self.chunk_size, self.recompute_segment = chunk_size, recompute_segment
         self.convex = gate_form == "convex"
         self.gate_proj = nn.Linear(embed_dim, num_heads) if gate else None
         if self.gate_proj is not None:
@@ -120,15 +129,31 @@ class CausalRFAttention(RFAttentionBase):
 
     def _whole(self, q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor], pad: Optional[Tensor],
                random_matrix: Optional[Tensor] = None, state: Optional[Tensor] = None, return_state: bool = False):
-        """The whole sequence at once (training, scoring): :meth:`_chunked`, or with ``recompute``
-        under autograd the same through a checkpoint that keeps only the heads for the backward
-        pass (the features are computed again there, from a copy of this step's random matrix)."""
-        if not (self.recompute and torch.is_grad_enabled()):
+        """The whole sequence at once (training, scoring): :meth:`_chunked`; under autograd, with
+        ``recompute`` or for a sequence longer than ``recompute_segment``, the same through
+        checkpoints, one per segment, that keep only the heads and the entering state for the
+        backward pass (the features are computed again there, from a copy of this step's random
+        matrix)."""
+        T = q.size(2)
+        segment = self.recompute_segment or T
+        if not torch.is_grad_enabled() or not (self.recompute or T > segment):
             return self._chunked(q, k, v, log_g, pad, random_matrix, state, return_state)
         if random_matrix is None:
             random_matrix = self.feature_map.matrix_for_recompute()
-        return checkpoint(self._chunked, q, k, v, log_g, pad, random_matrix, state, return_state,
-                          use_reentrant=False, preserve_rng_state=False)
+        if T <= segment:
+            return checkpoint(self._chunked, q, k, v, log_g, pad, random_matrix, state, return_state,
+                              use_reentrant=False, preserve_rng_state=False)
+        # torch.split, not slicing: its backward puts the segments' gradients into one tensor at
+        # once, where each slice's backward would allocate a whole-sequence gradient of zeros.
+        split = lambda x, dim: [None] * len(heads[0]) if x is None else x.split(segment, dim)  # noqa: E731
+        heads = [x.split(segment, dim=2) for x in (q, k, v)]
+        outs = []
+        for q_, k_, v_, g_, p_ in zip(*heads, split(log_g, -1), split(pad, -1)):
+            out, state = checkpoint(self._chunked, q_, k_, v_, g_, p_, random_matrix, state, True,
+                                    use_reentrant=False, preserve_rng_state=False)
+            outs.append(out)
+        out = torch.cat(outs, dim=2)
+        return (out, state) if return_state else out
 
     def forward(
         self,

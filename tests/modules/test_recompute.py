@@ -1,7 +1,11 @@
 """Training with ``recompute`` (``--rfa-recompute``): the attention keeps only its heads for the backward
 pass and computes the features and the chunked form again there. Same outputs and gradients as
 keeping everything, a fraction of the memory held between forward and backward, and the random
-draw of its own forward even when the buffer is redrawn in place before the backward."""
+draw of its own forward even when the buffer is redrawn in place before the backward.
+
+A sequence longer than ``recompute_segment`` (``--rfa-recompute-segment``) is recomputed segment
+by segment, the state carried from one to the next: the same outputs, gradients and final state
+again, and a backward pass whose peak is one segment's intermediates, not the sequence's."""
 import copy
 
 import pytest
@@ -42,6 +46,20 @@ def retained_bytes(fn):
     with mode:
         out = fn()
     return out, sum(n for ref, n in mode.made.values() if not ref.expired())
+
+
+class _PeakStorages(_Storages):
+    """As _Storages, and the largest total of the storages made under the mode that were alive
+    at once (checked after every op)."""
+
+    def __init__(self):
+        super().__init__()
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.peak = max(self.peak, sum(n for ref, n in self.made.values() if not ref.expired()))
+        return out
 
 
 def _grads(out, params):
@@ -136,3 +154,65 @@ def test_recompute_applies_only_under_autograd_and_not_to_decoding():
     state = {}
     attn(x[:1], incremental_state=state)
     assert calls == [False, True, True]
+
+
+def _causal(gate, segment, recompute=False):
+    torch.manual_seed(0)
+    return CausalRFAttention(C, H, fmap(), gate=gate, chunk_size=16, recompute=recompute,
+                             recompute_segment=segment).double().train()
+
+
+@pytest.mark.parametrize("gate", [False, True])
+@pytest.mark.parametrize("carry", [False, True])
+def test_segments_equal_the_whole_sequence(gate, carry):
+    """Outputs, gradients (inputs, every parameter, the entering state) and the final state of a
+    sequence taken in segments of 48 (not a multiple of the length, nor of the chunk) equal those
+    of the sequence taken whole with every intermediate kept."""
+    from rfa_fairseq.modules.causal_rfa_attention import CarriedState
+
+    whole, segmented = _causal(gate, 0), _causal(gate, 48)
+    x = torch.randn(130, 2, C, dtype=torch.float64, requires_grad=True)
+    mask = torch.arange(130)[None, :] < torch.tensor([[0], [37]])  # left padding
+    Fd = whole.feature_map.output_dim
+    state0 = torch.randn(2, H, Fd, C // H + 1, dtype=torch.float64).abs().requires_grad_() if carry else None
+    results = []
+    for attn in (whole, segmented):
+        q, k, v, log_g, pad = attn._heads(x, mask)
+        matrix = attn.feature_map.matrix_for_recompute()
+        out, final = attn._whole(q, k, v, log_g, pad, matrix, state0, return_state=True)
+        loss = out.square().sum() + final.square().sum()
+        inputs = [x] + ([state0] if carry else [])
+        params = [p for name, p in attn.named_parameters() if not name.startswith("out_proj")]  # not used here
+        results.append((out, final, torch.autograd.grad(loss, inputs + params)))
+    (out_w, final_w, g_w), (out_s, final_s, g_s) = results
+    torch.testing.assert_close(out_s, out_w, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(final_s, final_w, rtol=1e-10, atol=1e-12)
+    for a, b in zip(g_s, g_w):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    # the module's own entry point takes the same path
+    torch.testing.assert_close(segmented(x, key_padding_mask=mask)[0], whole(x, key_padding_mask=mask)[0],
+                               rtol=1e-10, atol=1e-12)
+    if carry:  # and a stateful stream's block carries the same state on
+        for attn in (whole, segmented):
+            attn.carry = CarriedState()
+            attn(x)
+        torch.testing.assert_close(segmented.carry.state, whole.carry.state, rtol=1e-10, atol=1e-12)
+
+
+def test_segments_bound_the_backward_peak():
+    """The peak of a training step over a 1,024-token sequence, in segments of 128: under half of
+    taking it whole (every intermediate kept) and of recomputing it whole."""
+    x = torch.randn(1024, 1, C, requires_grad=True)
+    peaks = {}
+    for name, attn in [("keep", _causal(True, 0).float()), ("recompute whole", _causal(True, 0, recompute=True).float()),
+                       ("segments", _causal(True, 128).float())]:
+        mode = _PeakStorages()
+        with mode:
+            attn(x)[0].square().sum().backward()
+        peaks[name] = mode.peak
+    assert peaks["segments"] < 0.5 * min(peaks["keep"], peaks["recompute whole"]), peaks
+
+
+def test_recompute_segment_is_checked():
+    with pytest.raises(ValueError, match="recompute_segment"):
+        CausalRFAttention(C, H, fmap(), recompute_segment=-1)
