@@ -25,13 +25,30 @@ METRICS = [("best valid ppl", "valid_ppl_best", 2), ("at update", "best_update",
            ("test ppl, blocks alone", "test_ppl_blocks", 2), ("with state", "test_ppl_stateful", 2),
            ("sliding window", "test_ppl_sliding", 2), ("train s", "train_s", 1)]
 RFA = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_lm"]
-VARIANTS = {  # (training task, flags)
+GATE, STATEFUL = RFA + ["--rfa-gate"], "rfa_stateful_lm"
+VARIANTS = {  # (training task, flags[, what changes in the setting])
     "softmax": ("language_modeling", ["--user-dir", "rfa_fairseq", "--arch", "transformer_lm"]),
     "rfa_gate": ("language_modeling", RFA + ["--rfa-gate"]),
     "rfa": ("language_modeling", RFA),
     "rfa_gate_stateful": ("rfa_stateful_lm", RFA + ["--rfa-gate"]),
     # 8 groups of 16 streams take turns, so successive updates read different articles
     "rfa_gate_stateful_g8": ("rfa_stateful_lm", RFA + ["--rfa-gate", "--stream-groups", "8"]),
+    # Why stateful training loses, one change at a time, each with its stateless pair where the
+    # change applies to both. Positions: none (nothing in a block contradicts the carried state),
+    # or continuing along the stream.
+    "rfa_gate_nopos": ("language_modeling", GATE + ["--no-token-positional-embeddings"]),
+    "rfa_gate_stateful_nopos": (STATEFUL, GATE + ["--no-token-positional-embeddings"]),
+    "rfa_gate_stateful_contpos": (STATEFUL, GATE + ["--carry-positions"]),
+    # random features: one draw for the whole run, or elu features (no draw at all)
+    "rfa_gate_fixed": ("language_modeling", GATE + ["--rfa-fixed-features"]),
+    "rfa_gate_stateful_fixed": (STATEFUL, GATE + ["--rfa-fixed-features"]),
+    "rfa_gate_elu": ("language_modeling", GATE + ["--rfa-kernel", "elu"]),
+    "rfa_gate_stateful_elu": (STATEFUL, GATE + ["--rfa-kernel", "elu"]),
+    # block length, the same tokens per update
+    "rfa_gate_b128": ("language_modeling", GATE, dict(block=128, rows=32)),
+    "rfa_gate_stateful_b128": (STATEFUL, GATE, dict(block=128, rows=32)),
+    "rfa_gate_b512": ("language_modeling", GATE, dict(block=512, rows=8)),
+    "rfa_gate_stateful_b512": (STATEFUL, GATE, dict(block=512, rows=8)),
 }
 
 
@@ -68,7 +85,8 @@ def rows(task, s) -> list:
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
-    task, arch = VARIANTS[variant]
+    task, arch, *changes = VARIANTS[variant]
+    s = {**s, **(changes[0] if changes else {})}
     record = train([data, "--task", task, *arch, "--decoder-layers", s["layers"], "--decoder-embed-dim", s["dim"],
                     "--decoder-ffn-embed-dim", 4 * s["dim"], "--decoder-attention-heads", s["heads"],
                     "--adaptive-softmax-cutoff", s["cutoffs"], "--criterion", "adaptive_loss", "--dropout", "0.2",
@@ -81,7 +99,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
     valid = [(v["ppl"], int(v["num_updates"])) for v in valid_scores((out / "train.log").read_text())]
     if valid:
         record["valid_ppl_best"], record["best_update"] = min(valid)
-    record["train_task"] = task
+    record["train_task"], record["block"] = task, s["block"]
     ckpt, block = out / "checkpoint_best.pt", ["--tokens-per-sample", s["block"]]
     record["test_ppl_blocks"] = eval_lm(data, ckpt, out / "eval_blocks.log", a, *block, *rows("language_modeling", s))
     if variant == "softmax":

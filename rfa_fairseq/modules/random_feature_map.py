@@ -2,7 +2,8 @@
 
 The random matrix ``[H, D, K]`` is a buffer, so it is saved in checkpoints and a loaded model
 decodes exactly as it was validated. In training mode it is redrawn whenever the training step
-changes: the draw is seeded from ``(torch.initial_seed(), num_updates, module_id)``. fairseq's
+changes, unless it is ``fixed`` (then the draw made at construction is kept for good). The draw
+is seeded from ``(torch.initial_seed(), num_updates, module_id)``. fairseq's
 trainer reseeds torch with ``--seed + num_updates`` at every update on every rank, so draws
 follow fairseq's seed, are identical on all distributed ranks, and repeat exactly on resume.
 Draws happen on the CPU with a private generator, so they do not disturb (and are not disturbed
@@ -46,8 +47,10 @@ class RandomFeatureMap(nn.Module):
         random_matrix: str = "orthogonal",
         init_sigma: float = 1.0,
         module_id: int = 0,
+        fixed: bool = False,
     ):
         super().__init__()
+        self.fixed = fixed
         self.num_heads, self.head_dim, self.num_features = num_heads, head_dim, num_features
         self.kernel, self.random_matrix_kind, self.module_id = kernel, random_matrix, module_id
         self.output_dim = feature_size(kernel, num_features, head_dim)
@@ -75,8 +78,8 @@ class RandomFeatureMap(nn.Module):
         self._drawn_for = seed
 
     def refresh(self):
-        """In training, draw the matrix of the current step if it is not drawn yet."""
-        if self.training:
+        """In training, draw the matrix of the current step if it is not drawn yet (never when ``fixed``)."""
+        if self.training and not self.fixed:
             seed = self.draw_seed()
             if seed != self._drawn_for:
                 self.redraw(seed)
@@ -98,4 +101,4 @@ class RandomFeatureMap(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"heads={self.num_heads}, head_dim={self.head_dim}, features={self.num_features}, "
-                f"kernel={self.kernel}, random_matrix={self.random_matrix_kind}")
+                f"kernel={self.kernel}, random_matrix={self.random_matrix_kind}" + (", fixed" if self.fixed else ""))

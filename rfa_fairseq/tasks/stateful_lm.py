@@ -20,16 +20,20 @@ backpropagation through time). Train and each valid split are separate streams; 
 from zero at its first batch, so at the start of every epoch and validation, and after a resume
 (the data position is kept by fairseq's iterator; the state is not saved in checkpoints).
 
-Positions: fairseq's positional embeddings restart at every block (1 .. tokens-per-sample), as in
-training without state; the history beyond the block reaches the model only through the carried
-state. So a model trained with or without state evaluates either way, at any block length up to
-the one it was built for.
+Positions: by default fairseq's positional embeddings restart at every block (1 ..
+tokens-per-sample), as in training without state; the history beyond the block reaches the model
+only through the carried state, so a model trained with or without state evaluates either way,
+at any block length up to the one it was built for. With ``--carry-positions`` the (sinusoidal)
+positions continue along each stream instead, as they would over the text taken whole
+(:class:`ContinuingPositions`). A model without positions (``--no-token-positional-embeddings``)
+sees no block boundary at all.
 
 ``fairseq-eval-lm`` calls the model directly, batch after batch in order: the task gives the
 model one stream's carries when it builds it, so evaluation carries the state from the first
 block to the last (one stream unless ``--batch-size`` says more).
 """
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -39,8 +43,10 @@ from fairseq import utils
 from fairseq.data import Dictionary, FairseqDataset, TokenBlockDataset, data_utils, iterators
 from fairseq.data.indexed_dataset import get_available_dataset_impl
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.modules import SinusoidalPositionalEmbedding
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II
+from torch import nn
 
 from ..modules.causal_rfa_attention import CarriedState, CausalRFAttention
 from ..validation import positive_int
@@ -67,6 +73,11 @@ class StatefulLMConfig(FairseqDataclass):
     max_target_positions: Optional[int] = field(
         default=None, metadata={"help": "positions the model is built for (default: --tokens-per-sample)"}
     )
+    carry_positions: bool = field(
+        default=False,
+        metadata={"help": "positions continue along each stream from block to block (sinusoidal positions only), "
+                          "instead of restarting at every block"},
+    )
     # Read by fairseq's language model config; blocks continue the text, so there is no BOS to add.
     add_bos_token: bool = field(default=False, metadata={"help": "not supported by rfa_stateful_lm"})
     dataset_impl: Optional[ChoiceEnum(get_available_dataset_impl())] = II("dataset.dataset_impl")
@@ -74,6 +85,41 @@ class StatefulLMConfig(FairseqDataclass):
 
 def causal_rfa_modules(model) -> List[CausalRFAttention]:
     return [m for m in model.modules() if isinstance(m, CausalRFAttention)]
+
+
+def sinusoidal(positions: torch.Tensor, dim: int, padding_idx: int) -> torch.Tensor:
+    """fairseq's sinusoidal embedding of each position (``SinusoidalPositionalEmbedding.get_embedding``
+    row by row, the same arithmetic), computed for the positions given rather than read from a
+    table, which would grow with the stream; zero where the position is ``padding_idx``."""
+    half = dim // 2
+    freqs = torch.exp(torch.arange(half, dtype=torch.float, device=positions.device) * -(math.log(10000) / (half - 1)))
+    angles = positions.float().unsqueeze(-1) * freqs
+    emb = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+    if dim % 2:
+        emb = torch.nn.functional.pad(emb, (0, 1))
+    return emb.masked_fill(positions.eq(padding_idx).unsqueeze(-1), 0.0)
+
+
+class ContinuingPositions(nn.Module):
+    """Sinusoidal positions that continue from block to block of a stream: a block's tokens get the
+    positions they would have in the text taken whole. ``offset`` is the stream position of the
+    next block's first token: the task sets it from the batch's column before each step, and each
+    call advances it by the block's length (so fairseq-eval-lm, which calls the model batch after
+    batch without the task, continues one stream)."""
+
+    def __init__(self, embed: SinusoidalPositionalEmbedding):
+        super().__init__()
+        self.embedding_dim, self.padding_idx, self.max_positions = embed.embedding_dim, embed.padding_idx, int(1e9)
+        self.offset = 0
+
+    def forward(self, tokens: torch.Tensor, incremental_state=None, **_):
+        if incremental_state is not None:
+            raise ValueError("--carry-positions applies to blocks of a stream, not to incremental decoding: generate "
+                             "with --task language_modeling")
+        positions = utils.make_positions(tokens, self.padding_idx, onnx_trace=False)
+        positions = torch.where(positions.ne(self.padding_idx), positions + self.offset, positions)
+        self.offset += tokens.size(1)
+        return sinusoidal(positions, self.embedding_dim, self.padding_idx)
 
 
 def stream_layout(num_blocks: int, rows: int, num_shards: int = 1, shard_id: int = 0) -> torch.Tensor:
@@ -161,6 +207,14 @@ class StatefulLanguageModelingTask(FairseqTask):
         # fairseq-eval-lm calls the model without the task: one stream, carried through the whole pass.
         for m in modules:
             m.carry = CarriedState()
+        if self.cfg.carry_positions:
+            embed = getattr(model.decoder, "embed_positions", None)
+            if not isinstance(embed, SinusoidalPositionalEmbedding):
+                raise ValueError("--carry-positions continues sinusoidal positions along a stream; this model has "
+                                 + ("no positional embeddings" if embed is None else "learned positions, which end at "
+                                    "--max-target-positions") + ": drop --carry-positions, or train with sinusoidal "
+                                 "positions (no --decoder-learned-pos)")
+            model.decoder.embed_positions = ContinuingPositions(embed)
         return model
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
@@ -236,6 +290,8 @@ class StatefulLanguageModelingTask(FairseqTask):
             self.carries[stream] = [CarriedState() for _ in modules]
         for module, carry in zip(modules, self.carries[stream]):
             module.carry = carry
+        if isinstance(model.decoder.embed_positions, ContinuingPositions):
+            model.decoder.embed_positions.offset = sample["block"] * self.cfg.tokens_per_sample
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False, **kwargs):
         self.use_stream(model, sample)

@@ -331,6 +331,25 @@ def test_random_feature_draws_are_seeded_per_step_and_module():
         torch.testing.assert_close(a(x), other.eval()(x), rtol=0, atol=0)
 
 
+def test_fixed_features_keep_the_first_draw_through_training(lm_model):
+    """``fixed`` (--rfa-fixed-features): the draw made at construction (the same as an unfixed
+    map's first) survives every training step; the decoder builds its maps from the flag."""
+    torch.manual_seed(11)
+    fixed, moving = RandomFeatureMap(H, C // H, 40, fixed=True), fmap(0)
+    first = fixed.random_matrix.clone()
+    assert torch.equal(first, moving.random_matrix)
+    x = torch.randn(2, H, 5, C // H)
+    for m in (fixed, moving):
+        m.train()
+        for step in (1, 2, 3):
+            m.set_num_updates(step)
+            m(x)
+    assert torch.equal(fixed.random_matrix, first) and not torch.equal(moving.random_matrix, first)
+    assert "fixed" in repr(fixed)
+    maps = lambda *flags: [m for m in lm_model(*flags)[1].modules() if isinstance(m, RandomFeatureMap)]  # noqa: E731
+    assert all(m.fixed for m in maps("--rfa-fixed-features")) and not any(m.fixed for m in maps())
+
+
 def test_draw_seeds_are_distinct_and_in_range():
     """The seed of a draw is a function of (run seed, update, module) alone: distinct for every
     combination on a grid, and a valid torch seed."""

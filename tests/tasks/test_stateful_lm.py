@@ -161,6 +161,48 @@ def test_carried_state_over_blocks_equals_one_pass(lm_data, gate):
     assert (blocks - whole).abs().max().item() <= 1e-5
 
 
+def test_carried_positions_over_blocks_equal_one_pass(lm_data):
+    """With --carry-positions the whole decoder, sinusoidal positions included, over blocks with
+    the carried state equals one pass over the concatenation; with positions restarting it does
+    not."""
+    tokens = torch.randint(4, 50, (3, 70), generator=torch.Generator().manual_seed(1))
+    _, plain = stateful(lm_data, "--rfa-gate")  # the same weights as below (seed 0)
+    plain.eval()
+    with torch.no_grad():
+        for a in causal_rfa_modules(plain):
+            a.carry = None
+        whole, _ = plain(tokens)  # fairseq's own positions 1 .. 70
+    ends = {}
+    for name, flags in (("carried", ["--carry-positions"]), ("restarting", [])):
+        _, model = stateful(lm_data, "--rfa-gate", *flags)
+        model.eval()
+        with torch.no_grad():
+            ends[name] = torch.cat([model(tokens[:, a:a + BLOCK])[0] for a in range(0, 70, BLOCK)], dim=1)
+    assert (ends["carried"] - whole).abs().max().item() <= 1e-5
+    assert (ends["restarting"] - whole).abs().max().item() > 1e-2
+
+
+def test_carried_positions_follow_the_batch_column(lm_data):
+    """The task sets the offset from the batch's column, so every group of streams and a resumed
+    stream get the positions of their place in the text."""
+    task, model = stateful(lm_data, "--carry-positions", "--stream-groups", "2")
+    task.load_dataset("valid")
+    samples = batches(task, "valid", 2)
+    embed = model.decoder.embed_positions
+    for s in samples[:5]:
+        task.use_stream(model, s)
+        assert embed.offset == s["block"] * BLOCK
+        model(s["net_input"]["src_tokens"])
+        assert embed.offset == (s["block"] + 1) * BLOCK
+
+
+@pytest.mark.parametrize("flags, message", [(["--no-token-positional-embeddings"], "no positional embeddings"),
+                                            (["--decoder-learned-pos"], "learned positions")])
+def test_carried_positions_need_sinusoidal_positions(lm_data, flags, message):
+    with pytest.raises(ValueError, match=f"--carry-positions.*{message}"):
+        stateful(lm_data, "--carry-positions", *flags)
+
+
 @pytest.mark.parametrize("groups", [1, 2])
 def test_valid_steps_carry_the_stream(lm_data, groups):
     """Through the task: the valid loss of a split, batch after batch, equals the loss of one pass
