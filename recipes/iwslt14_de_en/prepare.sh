@@ -4,6 +4,7 @@
 #   bash recipes/iwslt14_de_en/prepare.sh                    # downloads de-en.tgz (IWSLT 2014-01, WIT3)
 #   RAW_DIR=/data/iwslt14 bash recipes/iwslt14_de_en/prepare.sh  # a folder holding de-en.tgz or its de-en/
 #   SMOKE=1 bash recipes/iwslt14_de_en/prepare.sh            # offline stand-in made from data/multi30k
+#   DOCS=1 bash recipes/iwslt14_de_en/prepare.sh             # also document-level data (below)
 #
 # The data as fairseq's examples/translation/prepare-iwslt14.sh makes it (the paper's setup):
 # train.tags without its <url>, <talkid> and <keywords> lines and with the <title>/<description>
@@ -16,6 +17,17 @@
 #
 # Output: $WORK/data-bin (fairseq binaries, one dictionary per language), $WORK/spm.model, and the
 # detokenised test references $WORK/text/test.{de,en} that evaluate.sh scores against.
+#
+# DOCS=1 adds document-level data, one document per talk, after the sentence-level steps (which
+# it leaves as they are). Every sentence gets the id of its talk (in train.tags a talk begins at
+# its header lines <url>, <talkid>, ...; in the test XML files at <doc docid>); the cleaned pairs
+# are split by talk (the 1st, 24th, 47th ... talk to valid, the others to train); each split's
+# sentences are encoded with the sentence-level spm.model and rfa-make-documents joins them with
+# " <sep> " (so <sep> stays one token), a talk longer than DOC_MAX_SENTENCES (64) cut into windows
+# of DOC_MIN_SENTENCES (4) to 64 sentences whose sizes are drawn with DOC_SEED (1). Output:
+# $WORK/data-bin-docs (<sep> is a word of both dictionaries), the detokenised documents
+# $WORK/text-docs/{train,valid,test}.{de,en} and their tables $WORK/text-docs/*.docs.tsv (per
+# document: sentences, input line range, talk).
 # shellcheck source=recipes/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 recipe_init iwslt14_de_en
@@ -100,6 +112,84 @@ binarize() {
   cp "$WORK/spm.model" "$DATA_BIN/"
 }
 
+# ---------------------------------------------------------------- documents (DOCS=1)
+DOCS=${DOCS:-0}
+DOC_TEXT=$WORK/text-docs DOC_SPM=$WORK/spm-docs DATA_BIN_DOCS=$WORK/data-bin-docs
+DOC_ARGS=(--min-sentences "${DOC_MIN_SENTENCES:-4}" --max-sentences "${DOC_MAX_SENTENCES:-64}"
+          --seed "${DOC_SEED:-1}" --separator "<sep>")
+HEADER='^[ \t]*<(url|keywords|speaker|talkid|title|description|reviewer|translator)[ >]'
+
+# The document id of every line that extract keeps (train.tags: the talk's number, counted at the
+# first header line after text; test: SET.DOCID), then of the pairs that split_sets keeps
+# (clean_pair's rule again, on three columns, checked against its output).
+doc_ids() {
+  local orig=$RAW_DIR/de-en set
+  mkdir -p "$DOC_TEXT/sent" "$DOC_SPM/sent"
+  awk -v header="$HEADER" '$0 ~ header { if (!in_header) talk++; in_header = 1; }
+      $0 !~ header { in_header = 0 }
+      index($0, "<url>") == 0 && index($0, "<talkid>") == 0 && index($0, "<keywords>") == 0 { print talk + 0 }' \
+    "$orig/train.tags.de-en.$SRC" > "$DOC_TEXT/sent/train.tags.ids"
+  for set in "${TEST_SETS[@]}"; do
+    awk -v set="$set" 'match($0, /<doc docid="[^"]*"/) { doc = substr($0, RSTART + 12, RLENGTH - 13) }
+      index($0, "<seg id") { print set "." doc }' "$orig/IWSLT14.$set.de-en.$SRC.xml"
+  done > "$DOC_TEXT/sent/test.ids"
+  paste -d '\t' "$DOC_TEXT/sent/train.tags.ids" <(tr '\t' ' ' < "$TEXT/train.tags.$SRC") <(tr '\t' ' ' < "$TEXT/train.tags.$TGT") |
+    awk -F '\t' '{ ns = split($2, a, " "); nt = split($3, b, " ")
+      if (ns >= 1 && nt >= 1 && ns <= 175 && nt <= 175 && ns <= 1.5 * nt && nt <= 1.5 * ns) print }' > "$DOC_TEXT/sent/clean.tsv"
+  cut -f2 "$DOC_TEXT/sent/clean.tsv" | cmp -s - "$TEXT/clean.$SRC" ||
+    die "the talk ids do not follow the cleaned pairs $TEXT/clean.$SRC (has split_sets' length filter changed?)"
+  cut -f1 "$DOC_TEXT/sent/clean.tsv" > "$DOC_TEXT/sent/all.ids"
+  rm "$DOC_TEXT/sent/clean.tsv"
+  [ "$(wc -l < "$DOC_TEXT/sent/test.ids")" = "$(wc -l < "$TEXT/test.$SRC")" ] || die "test ids and $TEXT/test.$SRC differ in length"
+  log "  $(uniq "$DOC_TEXT/sent/all.ids" | wc -l) talks in train+valid, $(uniq "$DOC_TEXT/sent/test.ids" | wc -l) in test"
+}
+
+# talk_split SPLIT FILE: the lines of FILE (parallel to the cleaned pairs) whose talk goes to SPLIT.
+talk_split() {
+  paste -d '\t' <(awk '{ print ($1 % 23 == 1) ? "valid" : "train" }' "$DOC_TEXT/sent/all.ids") "$2" |
+    awk -F '\t' -v s="$1" '$1 == s' | cut -f2-
+}
+
+# The sentences of each document split, as text ($DOC_TEXT/sent) and encoded ($DOC_SPM/sent), with their ids.
+doc_sentences() {
+  local split l
+  spm_encode "$WORK/spm.model" "$TEXT/all.$SRC" "$DOC_SPM/sent/all.$SRC" "$TEXT/all.$TGT" "$DOC_SPM/sent/all.$TGT"
+  for split in train valid; do
+    talk_split $split "$DOC_TEXT/sent/all.ids" > "$DOC_TEXT/sent/$split.ids"
+    for l in $SRC $TGT; do
+      talk_split $split "$TEXT/all.$l" > "$DOC_TEXT/sent/$split.$l"
+      talk_split $split "$DOC_SPM/sent/all.$l" > "$DOC_SPM/sent/$split.$l"
+    done
+  done
+  for l in $SRC $TGT; do
+    cp "$TEXT/test.$l" "$DOC_TEXT/sent/test.$l"
+    cp "$WORK/spm/test.$l" "$DOC_SPM/sent/test.$l"
+  done
+  count_lines "$DOC_TEXT"/sent/{train,valid,test}.ids
+}
+
+# The documents (rfa-make-documents): the same ids and seed group the text and the encoded
+# sentences alike, which the tables confirm.
+make_docs() {
+  local split dir
+  for split in train valid test; do
+    for dir in "$DOC_TEXT" "$DOC_SPM"; do
+      python -m rfa_fairseq.cli.make_documents "$dir/sent/$split.$SRC" "$dir/sent/$split.$TGT" "$dir/$split" \
+        --doc-ids "$DOC_TEXT/sent/$split.ids" "${DOC_ARGS[@]}"
+    done
+    cmp -s <(cut -f1-4,7 "$DOC_TEXT/$split.docs.tsv") <(cut -f1-4,7 "$DOC_SPM/$split.docs.tsv") ||
+      die "$split: the text and the encoded documents are grouped differently"
+  done
+}
+
+binarize_docs() {
+  rm -rf "$DATA_BIN_DOCS"
+  fairseq-preprocess --source-lang $SRC --target-lang $TGT \
+    --trainpref "$DOC_SPM/train" --validpref "$DOC_SPM/valid" --testpref "$DOC_SPM/test" \
+    --destdir "$DATA_BIN_DOCS" --workers "${WORKERS:-$(nproc)}" 2>&1 | tee "$WORK/logs/preprocess-docs.log"
+  cp "$WORK/spm.model" "$DATA_BIN_DOCS/"
+}
+
 if [ "$SMOKE" = 1 ]; then
   RAW_DIR=$WORK/orig-smoke VOCAB=${SMOKE_VOCAB:-1000}
   step smoke-raw make_smoke_raw
@@ -112,3 +202,10 @@ step spm spm_train "$WORK/spm" "$VOCAB" "$TEXT/train.$SRC" "$TEXT/train.$TGT"
 step encode encode
 step binarize binarize
 log "prepared: $DATA_BIN"
+if [ "$DOCS" = 1 ]; then
+  step docs-ids doc_ids
+  step docs-sentences doc_sentences
+  step docs-make make_docs
+  step docs-binarize binarize_docs
+  log "prepared documents: $DATA_BIN_DOCS (text and tables: $DOC_TEXT)"
+fi
