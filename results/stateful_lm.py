@@ -33,6 +33,8 @@ VARIANTS = {  # (training task, flags[, what changes in the setting])
     "rfa_gate_stateful": ("rfa_stateful_lm", RFA + ["--rfa-gate"]),
     # 8 groups of 16 streams take turns, so successive updates read different articles
     "rfa_gate_stateful_g8": ("rfa_stateful_lm", RFA + ["--rfa-gate", "--stream-groups", "8"]),
+    # the streams' order without the carried state: the order's share of the difference
+    "rfa_gate_stateful_nocarry": (STATEFUL, GATE + ["--no-carry-state"]),
     # Why stateful training loses, one change at a time, each with its stateless pair where the
     # change applies to both. Positions: none (nothing in a block contradicts the carried state),
     # or continuing along the stream.

@@ -73,6 +73,11 @@ class StatefulLMConfig(FairseqDataclass):
     max_target_positions: Optional[int] = field(
         default=None, metadata={"help": "positions the model is built for (default: --tokens-per-sample)"}
     )
+    no_carry_state: bool = field(
+        default=False,
+        metadata={"help": "start every block from a zero state (the streams' order without the carried state: the "
+                          "control that tells the state's effect from the order's)"},
+    )
     carry_positions: bool = field(
         default=False,
         metadata={"help": "positions continue along each stream from block to block (sinusoidal positions only), "
@@ -283,10 +288,11 @@ class StatefulLanguageModelingTask(FairseqTask):
 
     def use_stream(self, model, sample):
         """Point the model's causal RFA modules at the carried states of the sample's group of
-        streams; its first batch, or the first one seen (after a resume), starts from zero."""
+        streams; its first batch, or the first one seen (after a resume), starts from zero (every
+        batch with ``--no-carry-state``)."""
         modules = causal_rfa_modules(model)
         stream = sample["stream"], sample["group"]
-        if sample["block"] == 0 or stream not in self.carries:
+        if sample["block"] == 0 or stream not in self.carries or self.cfg.no_carry_state:
             self.carries[stream] = [CarriedState() for _ in modules]
         for module, carry in zip(modules, self.carries[stream]):
             module.carry = carry

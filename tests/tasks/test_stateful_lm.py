@@ -229,6 +229,23 @@ def test_valid_steps_carry_the_stream(lm_data, groups):
     assert abs(blocks - whole) > 1e-3 * whole, "the test cannot tell carried state from none"
 
 
+def test_no_carry_state_starts_every_block_from_zero(lm_data):
+    """--no-carry-state: the same batches in the same order, but each block's loss is that of the
+    block alone (no state from the block before)."""
+    task, model = stateful(lm_data, "--no-token-positional-embeddings", "--rfa-gate", "--rfa-gate-bias", "3",
+                           "--no-carry-state")
+    task.load_dataset("valid")
+    criterion = task.build_criterion(build_from_cli(lm_data, ["--task", "rfa_stateful_lm", "--arch",
+                                                             "rfa_transformer_lm"])[2])
+    samples = batches(task, "valid", 2)
+    stepped = [task.valid_step(s, model, criterion)[0].item() for s in samples]
+    with torch.no_grad():
+        for m in causal_rfa_modules(model):
+            m.carry = None
+        alone = [criterion(model, s)[0].item() for s in samples]
+    assert stepped == pytest.approx(alone, rel=1e-5)
+
+
 def test_softmax_model_is_refused(lm_data):
     with pytest.raises(ValueError, match=r"rfa_stateful_lm.*\(transformer_lm\) has no RFA attention.*convert_from_softmax"):
         stateful(lm_data, arch="transformer_lm")
