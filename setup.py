@@ -30,6 +30,7 @@ setup(
         "stack": ["torch>=2.4", "fairseq-fixed==0.12.3.1", "hydra-core==1.3.2", "omegaconf==2.3.0",
                   "sacrebleu", "sacremoses", "sentencepiece"],
         "test": ["pytest", "hypothesis"],
+        "bench": ["ctranslate2==4.8.5"],  # bench/decode.py's CTranslate2 models (scripts/setup_env.sh installs it)
     },
     license="MIT",
 )

@@ -9,12 +9,15 @@ encoder too), beam search over ``--batch`` sources; ``--task lm``: ``transformer
 ``--repeats`` runs after a warm-up, the models taking turns run by run), the ``ratio`` to the first
 model, the first run's peak memory (bench/harness.py) and the incremental state's bytes. Lengths
 predicted over ``--single-run-seconds`` run once, over ``--max-seconds`` are skipped.
-``checkpoint``: trained checkpoints on a binarised split, decoded as fairseq-generate does (its
-flags after ``--``), each run in a fresh process: generated tokens over the seconds spent in
-``task.inference_step``, the ratio to the first model, the peak memory (CUDA: max_memory_allocated;
-CPU: the process's peak resident set). ``--profile``: one more run under torch.profiler, with
-ranges (self_attn, encoder_attn, ffn, reorder, output, encoder, decoder_other): per range the
-operators' CPU milliseconds and calls per decoding step.
+``checkpoint``: trained checkpoints on a binarised split, decoded as fairseq-generate does (its flags
+after ``--``), each run in a fresh process: generated tokens over the seconds decoding, the ratio to the
+first model, the peak memory (CUDA: max_memory_allocated; CPU: the process's peak resident set);
+translation also by output length (``--bucket-edges``), with BLEU and the share of outputs equal to the
+first model's; ``--task language_modeling``: ``--prompts`` continued by exactly each of ``--lengths``
+tokens. ``--model NAME=ct2:PATH:TYPE``: CTranslate2 on the same inputs (PATH converted, or a softmax
+checkpoint converted first). ``--profile``: one more run under torch.profiler, with ranges (self_attn,
+encoder_attn, ffn, reorder, output, encoder, decoder_other): per range the operators' CPU milliseconds
+and calls per decoding step.
 
     python bench/decode.py synthetic --task translation --lengths 32 512 --out tr.json
     python bench/decode.py checkpoint DATA_BIN --source-lang de --target-lang en \\
@@ -22,9 +25,10 @@ operators' CPU milliseconds and calls per decoding step.
 """
 import argparse
 import gc
+import importlib.util
 import multiprocessing
 import os
-import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -185,75 +189,188 @@ def synthetic(args):
     return harness.add_ratios(rows, args.models[0])
 
 
-def decode_checkpoint(path, argv, threads, clock, do_profile, max_batches):
-    """Decode a split with one checkpoint as fairseq-generate does (run in a fresh process)."""
+CT2_TYPES = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float32", "float16", "bfloat16")
+
+
+def convert_for_ctranslate2(checkpoint, data, out_dir, source_lang=None, target_lang=None, quantization=None,
+                            max_positions=None, user_dir=None):
+    """A softmax checkpoint (``transformer*``, ``transformer_lm*`` without adaptive softmax) as a CTranslate2 model, by
+    its FairseqConverter; ``quantization`` None: float32 weights; ``max_positions``: for long LM outputs."""
+    from ctranslate2.converters import FairseqConverter
+    from fairseq import checkpoint_utils
+    from omegaconf import OmegaConf
+
+    state, tmp = checkpoint_utils.load_checkpoint_to_cpu(checkpoint), out_dir.rstrip("/") + ".fairseq.pt"
+    args, cfg = state["args"], state.get("cfg")  # the converter wants one namespace, the task's fields with the model's
+    args = args or (cfg.model if isinstance(cfg.model, argparse.Namespace) else argparse.Namespace(**{
+        **OmegaConf.to_container(cfg.task, resolve=True), **OmegaConf.to_container(cfg.model, resolve=True),
+        "task": cfg.task._name, "arch": cfg.model._name}))
+    if getattr(args, "adaptive_softmax_cutoff", None) or getattr(args, "adaptive_input", False):
+        raise ValueError(f"{checkpoint}: CTranslate2 converts no adaptive softmax or adaptive input")
+    args.max_target_positions = max(max_positions or 0, getattr(args, "max_target_positions", None) or 0) or None
+    torch.save(dict(state, args=args, cfg=None), tmp)
+    try:
+        return FairseqConverter(tmp, data, source_lang, target_lang, user_dir=user_dir, unsafe_deserialization=True
+                                ).convert(out_dir, quantization=quantization, force=True)
+    finally:
+        os.remove(tmp)
+
+
+def measured(fn, cuda, ct2, clock):
+    """Seconds of ``fn``, the process's peak memory in it (CUDA: torch's, blind to CTranslate2; CPU: resident set)."""
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    seconds = harness.timed(fn, "cuda" if cuda else "cpu", clock=clock)[0]
+    return seconds, (None if ct2 else torch.cuda.max_memory_allocated()) if cuda else harness._status_bytes("VmHWM")
+
+
+def decode_checkpoint(model, argv, args, do_profile):
+    """Decode with one model (fairseq, or CTranslate2 with ``compute_type``) in a fresh process: translation as
+    fairseq-generate does, batch by batch; language_modeling, ``--lengths`` new tokens after each prompt."""
     from fairseq import checkpoint_utils, options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    if threads:
-        torch.set_num_threads(threads)
+    (path, ct2), lm = model, args.task == "language_modeling"
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv + ["--path", path]))
     utils.import_user_module(cfg.common)
+    utils.set_torch_seed(cfg.common.seed)
     if cfg.dataset.max_tokens is None and cfg.dataset.batch_size is None:
-        cfg.dataset.max_tokens = 12000
-    cuda = torch.cuda.is_available() and not cfg.common.cpu
-    task = tasks.setup_task(cfg.task)
-    models, saved = checkpoint_utils.load_model_ensemble([path], arg_overrides=eval(cfg.common_eval.model_overrides), task=task)
-    task.load_dataset(cfg.dataset.gen_subset, task_cfg=saved.task)
-    model = models[0].cuda() if cuda else models[0]
-    model.prepare_for_inference_(cfg)
-    generator = task.build_generator([model], cfg.generation)
-    batches = list(task.get_batch_iterator(
-        dataset=task.dataset(cfg.dataset.gen_subset), max_tokens=cfg.dataset.max_tokens,
-        max_sentences=cfg.dataset.batch_size, seed=cfg.common.seed,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
-        ignore_invalid_inputs=cfg.dataset.skip_invalid_size_inputs_valid_test,
-        required_batch_size_multiple=cfg.dataset.required_batch_size_multiple).next_epoch_itr(shuffle=False))
-    batches = [utils.move_to_cuda(b) if cuda else b for b in batches[:max_batches]]
-    row, hypos = dict(sentences=0, tokens=0, seconds=0.0), []
+        cfg.dataset.max_tokens, cfg.dataset.batch_size = (None, 1) if lm else (12000, None)
+    cuda, g, split = torch.cuda.is_available() and not cfg.common.cpu, cfg.generation, cfg.dataset.gen_subset
+    src, tgt = (task := tasks.setup_task(cfg.task)).source_dictionary, task.target_dictionary
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if ct2:
+        (ctranslate2 := importlib.import_module("ctranslate2")).set_random_seed(cfg.common.seed)
+        engine = (ctranslate2.Generator if lm else ctranslate2.Translator)(
+            path, device="cuda" if cuda else "cpu", compute_type=ct2, intra_threads=args.threads or 0)
+        task.load_dataset(split)
+        limit = task.max_positions()
+        translate = lambda s: [[tgt.index(t) for t in r.hypotheses[0]] for r in engine.translate_batch(  # noqa: E731
+            [[src[t] for t in utils.strip_pad(x, src.pad()).tolist()[:-1]] for x in s["net_input"]["src_tokens"]],
+            beam_size=g.beam, length_penalty=g.lenpen, max_input_length=0, min_decoding_length=g.min_len,
+            max_decoding_length=min(int(g.max_len_a * s["net_input"]["src_tokens"].size(1) + g.max_len_b), limit[1] - 1))]
+        generate = lambda p, n: [r.sequences_ids[0] for r in engine.generate_batch(  # noqa: E731
+            [[tgt[tgt.eos()]] + [tgt[t] for t in x.tolist()] for x in p], max_length=n, min_length=n,
+            include_prompt_in_result=False, beam_size=g.beam, sampling_temperature=g.temperature,
+            sampling_topk=max(g.sampling_topk, 0) if g.sampling else 1, sampling_topp=max(g.sampling_topp, 0) or 1)]
+    else:
+        overrides = dict(eval(cfg.common_eval.model_overrides), **({"max_target_positions": args.positions} if lm else {}))
+        models, saved = checkpoint_utils.load_model_ensemble([path], arg_overrides=overrides, task=task)
+        task.load_dataset(split, task_cfg=saved.task)
+        net = models[0].cuda() if cuda else models[0]
+        net.prepare_for_inference_(cfg)
+        limit = utils.resolve_max_positions(task.max_positions(), net.max_positions())
+        generator, generators = task.build_generator([net], g), {}
+        for n in args.lengths if lm else ():
+            g.min_len, g.max_len_a, g.max_len_b = args.prompt_tokens + n, 0, args.prompt_tokens + n
+            generators[n] = task.build_generator([net], g)
+        translate = lambda s: [h[0]["tokens"][:-1].tolist() for h in task.inference_step(generator, [net], s)]  # noqa: E731
+        generate = lambda p, n: [h[0]["tokens"][p.size(1):-1].tolist() for h in generators[n].generate(  # noqa: E731
+            [net], {"net_input": {"src_tokens": p[:, :0], "src_lengths": torch.zeros(len(p))}}, prefix_tokens=p)]
+    if lm:  # prompts: the first tokens of the first blocks, </s> left out (a forced </s> would end the output)
+        blocks = [task.dataset(split)[i]["source"] for i in range(min(args.prompts, len(task.dataset(split))))]
+        prompts = [b[b.ne(tgt.eos())][:args.prompt_tokens] for b in blocks]
+        if len(prompts) < args.prompts or min(map(len, prompts)) < args.prompt_tokens:
+            raise ValueError(f"--prompts {args.prompts} --prompt-tokens {args.prompt_tokens}: the {split} split has {len(prompts)} "
+                             f"blocks, the shortest {min(map(len, prompts))} tokens other than </s>")
+        batches = [torch.stack(prompts[i:i + cfg.dataset.batch_size]) for i in range(0, args.prompts, cfg.dataset.batch_size)]
+    else:
+        batches = list(task.get_batch_iterator(
+            dataset=task.dataset(split), max_tokens=cfg.dataset.max_tokens, max_sentences=cfg.dataset.batch_size,
+            seed=cfg.common.seed, max_positions=limit, ignore_invalid_inputs=cfg.dataset.skip_invalid_size_inputs_valid_test,
+            required_batch_size_multiple=cfg.dataset.required_batch_size_multiple).next_epoch_itr(shuffle=False))
+    batches = [utils.move_to_cuda(b) if cuda else b for b in batches[:args.max_batches]]
+    parts = []  # (length or None, seconds, peak, outputs by id)
     with torch.no_grad():
-        for sample in batches:
-            row["seconds"] += harness.timed(lambda: hypos.append(task.inference_step(generator, [model], sample)),
-                                            "cuda" if cuda else "cpu", clock=clock)[0]
-            row["sentences"] += sample["id"].numel()
-            row["tokens"] += sum(len(h[0]["tokens"]) for h in hypos.pop())
-        row["peak_bytes"] = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        row["memory"] = "cuda max_memory_allocated" if cuda else "peak resident set of the decoding process"
-        if do_profile:
-            steps = mark(model)
-            row["profile"] = profiled(lambda: [task.inference_step(generator, [model], s) for s in batches], steps)
-    return row
+        if not lm:  # a warm-up batch, untimed: one-time costs would otherwise land in the first batch's bucket
+            translate(batches[0])
+        for n in sorted(args.lengths) if lm else [None]:
+            for i, b in enumerate(batches):
+                out = []
+                seconds, peak = measured(lambda: out.extend(generate(b, n) if lm else translate(b)), cuda, ct2, args.clock)
+                ids = range(i * cfg.dataset.batch_size, i * cfg.dataset.batch_size + len(b)) if lm else b["id"].tolist()
+                parts.append((n, seconds, peak, dict(zip(ids, out))))
+    rows = []
+    for n in sorted(args.lengths) if lm else [None]:
+        row = summary([p for p in parts if p[0] == n], not lm)
+        if lm:
+            row.update(length=n, prompts=args.prompts, generated=sorted({len(o) for o in row["_out"]}))
+        else:
+            edges = [0] + args.bucket_edges + [None]
+            row["buckets"] = [dict(summary(got, True), bucket=f"{lo + 1}-{hi}" if hi else f"{lo + 1}+", bucket_from=lo + 1)
+                              for lo, hi in zip(edges, edges[1:]) if (got := [p for p in parts if lo < max(
+                                  [len(o) + 1 for o in p[3].values()]) <= (hi or float("inf"))])]
+            refs = [tgt.string(task.dataset(split)[i]["target"], cfg.common_eval.post_process, escape_unk=True) for i in row["_ids"]]
+            hyps = [tgt.string(torch.tensor(o, dtype=torch.long), cfg.common_eval.post_process) for o in row["_out"]]
+            row["bleu"] = __import__("sacrebleu").corpus_bleu(hyps, [refs]).score
+        rows.append(dict(row, memory="cuda max_memory_allocated" if cuda else "peak resident set of the decoding process"))
+    if do_profile and not ct2:
+        steps = mark(net)
+        rows[0]["profile"] = profiled(lambda: [generate(b, min(args.lengths)) if lm else translate(b) for b in batches], steps)
+    return rows
+
+
+def summary(parts, eos):
+    """Sentences (prompts), generated tokens (translation: with </s>, as fairseq-generate counts), seconds, peak."""
+    out = dict(sorted((k, v) for p in parts for k, v in p[3].items()))
+    peaks = [p[2] for p in parts if p[2] is not None]
+    return dict(sentences=len(out), tokens=sum(len(o) + eos for o in out.values()), seconds=sum(p[1] for p in parts),
+                peak_bytes=max(peaks) if peaks else None, _ids=list(out), _out=list(out.values()))
 
 
 def checkpoint(args):
     """Each model decodes in a fresh process per repeat, the models taking turns (order reversed every other repeat)."""
-    argv = [args.data, "--user-dir", args.user_dir, "--task", "translation", "--source-lang", args.source_lang,
-            "--target-lang", args.target_lang, "--gen-subset", "test"] + args.generate_flags
-    runs, spawn = {name: [] for name, _ in args.model}, multiprocessing.get_context("spawn")
-    for rep in range(args.repeats):
-        for name, path in args.model if rep % 2 == 0 else args.model[::-1]:
-            with spawn.Pool(1) as pool:
-                r = pool.apply(decode_checkpoint, (path, argv, args.threads, args.clock, args.profile and rep == 0,
-                                                   args.max_batches))
-            runs[name].append(r)
-            print(f"{name}: {r['sentences']} sentences, {r['tokens']} tokens in {r['seconds']:.1f} s, "
-                  f"peak {harness.mib(r['peak_bytes'])} MiB", file=sys.stderr)
+    argv = [args.data, "--user-dir", args.user_dir, "--task", args.task, "--gen-subset", "test"] + (
+        [] if args.task == "language_modeling" else ["--source-lang", args.source_lang, "--target-lang", args.target_lang])
+    argv += args.generate_flags
+    runs, spawn, tmp, converted = {m[0]: [] for m in args.model}, multiprocessing.get_context("spawn"), tempfile.mkdtemp(), {}
+    try:
+        for path in {path for _, path, ct2 in args.model if ct2 and os.path.isfile(path)}:  # checkpoints for CTranslate2
+            converted[path] = convert_for_ctranslate2(path, args.data, os.path.join(tmp, str(len(converted))), args.source_lang,
+                                                      args.target_lang, max_positions=args.positions, user_dir=args.user_dir)
+        for rep in range(args.repeats):
+            for name, path, ct2 in args.model if rep % 2 == 0 else args.model[::-1]:
+                with spawn.Pool(1) as pool:
+                    got = pool.apply(decode_checkpoint, ((converted.get(path, path) if ct2 else path, ct2), argv, args,
+                                                           args.profile and rep == 0))
+                runs[name].append(got)
+                for r in got:
+                    print(f"{name} {r.get('length', '')}: {r['sentences']} sentences, {r['tokens']} tokens in {r['seconds']:.1f} s, "
+                          f"peak {harness.mib(r['peak_bytes'])} MiB", file=sys.stderr)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     rows, pick = [], statistics.median_low if args.statistic == "median" else min
-    for name, path in args.model:
-        times = [r["seconds"] for r in runs[name]]
-        row = dict(next(r for r in runs[name] if r["seconds"] == pick(times)), model=name, checkpoint=path,
-                   runs=len(times), times=times, peak_bytes=max(r["peak_bytes"] for r in runs[name]))
-        row.update(tokens_per_s=row["tokens"] / row["seconds"], sentences_per_s=row["sentences"] / row["seconds"])
-        row.update(next(({"profile": r["profile"]} for r in runs[name] if "profile" in r), {}))
-        rows.append(row)
-    harness.add_ratios(rows, rows[0]["model"], group=())
-    return harness.add_ratios(rows, rows[0]["model"], key="peak_bytes", field="memory_ratio", group=())
+    for name, path, ct2 in args.model:
+        for j, same in enumerate(zip(*runs[name])):
+            times, peaks = [r["seconds"] for r in same], [r["peak_bytes"] for r in same if r["peak_bytes"] is not None]
+            row = dict(next(r for r in same if r["seconds"] == pick(times)), model=name, checkpoint=path, runs=len(times),
+                       times=times, peak_bytes=max(peaks) if peaks else None, engine=f"ctranslate2 {ct2}" if ct2 else "fairseq")
+            row.update(tokens_per_s=row["tokens"] / row["seconds"], sentences_per_s=row["sentences"] / row["seconds"])
+            row.update(next(({"profile": r["profile"]} for r in same if "profile" in r), {}))
+            first = runs[args.model[0][0]][0][j]  # outputs identical to the first model's (its first run), sentence by sentence
+            row["same_as_first"] = sum(a == b for a, b in zip(first["_out"], same[0]["_out"])) / max(len(first["_out"]), 1)
+            for b in row.get("buckets", ()):
+                b.update(model=name, tokens_per_s=b["tokens"] / b["seconds"]), b.pop("_ids"), b.pop("_out")
+            rows.append({k: v for k, v in row.items() if not k.startswith("_")})
+    buckets = [b for r in rows for b in r.get("buckets", ())]
+    for items, group in ((rows, ("length",)), (buckets, ("bucket",))):
+        harness.add_ratios(items, rows[0]["model"], group=group)
+        harness.add_ratios(items, rows[0]["model"], key="peak_bytes", field="memory_ratio", group=group)
+    return rows
 
 
 def model_spec(text):
-    if "=" not in text or not text.split("=", 1)[0] or not os.path.isfile(text.split("=", 1)[1]):
-        raise argparse.ArgumentTypeError(f"wants NAME=CHECKPOINT with an existing checkpoint file, got {text!r}")
-    return tuple(text.split("=", 1))
+    name, _, where = text.partition("=")
+    path, ct2 = where[4:].rpartition(":")[::2] if where.startswith("ct2:") else (where, None)
+    if not name or ct2 not in (None,) + CT2_TYPES or not (os.path.isfile(path) or ct2 and os.path.isfile(f"{path}/model.bin")):
+        raise argparse.ArgumentTypeError(
+            f"wants NAME=CHECKPOINT (an existing fairseq checkpoint) or NAME=ct2:PATH:COMPUTE_TYPE (PATH: a CTranslate2 "
+            f"model folder or a softmax checkpoint to convert; COMPUTE_TYPE: {', '.join(CT2_TYPES)}), got {text!r}")
+    return name, path, ct2
 
 
 def parse_args(argv=None):
@@ -275,10 +392,18 @@ def parse_args(argv=None):
     s.add_argument("--tiny", action="store_true", help="2 layers of 32 dimensions (for tests)")
     c = modes.add_parser("checkpoint", help="trained checkpoints on a binarised split; fairseq-generate flags after --")
     c.add_argument("data", help="fairseq data-bin folder")
-    c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=CHECKPOINT",
-                   help="repeatable; the first is the reference of the ratios")
+    c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=CHECKPOINT|NAME=ct2:PATH:TYPE",
+                   help="repeatable; the first is the reference of the ratios. ct2: CTranslate2 with compute type TYPE "
+                        "(int8, float32, ...) on a converted model folder or a softmax checkpoint, converted first")
+    c.add_argument("--task", choices=["translation", "language_modeling"], default="translation")
     for side in ("--source-lang", "--target-lang"):
-        c.add_argument(side, required=True)
+        c.add_argument(side, help="translation")
+    c.add_argument("--bucket-edges", type=harness.positive, nargs="+", default=[128, 256, 512],
+                   help="translation: output-length buckets, tokens per sentence with </s> (default 128 256 512)")
+    c.add_argument("--lengths", type=harness.positive, nargs="+", default=[1024, 4096, 8192],
+                   help="language_modeling: new tokens after each prompt (default 1024 4096 8192)")
+    c.add_argument("--prompts", type=harness.positive, default=4, help="language_modeling: from the first blocks (default 4)")
+    c.add_argument("--prompt-tokens", type=harness.positive, default=64, help="language_modeling (default 64)")
     c.add_argument("--user-dir", default=harness.user_dir())
     c.add_argument("--max-batches", type=harness.positive, help="decode only the first N batches")
     for sub in (s, c):
@@ -289,6 +414,14 @@ def parse_args(argv=None):
     if args.mode == "checkpoint":
         if not os.path.isdir(args.data):
             c.error(f"no data folder {args.data}")
+        if args.task == "translation" and not (args.source_lang and args.target_lang):
+            c.error("--task translation needs --source-lang and --target-lang")
+        # language models: positions for the prompt, the longest output and </s> twice
+        args.positions = args.prompt_tokens + max(args.lengths) + 2 if args.task == "language_modeling" else None
+        if args.bucket_edges != sorted(set(args.bucket_edges)):
+            c.error(f"--bucket-edges must increase, got {args.bucket_edges}")
+        if any(ct2 for *_, ct2 in args.model) and importlib.util.find_spec("ctranslate2") is None:
+            c.error("ct2 models need the optional dependency ctranslate2: pip install -e '.[bench]'")
         args.generate_flags = rest + (["--cpu"] if args.device == "cpu" and torch.cuda.is_available() else [])
         return args
     if rest:
@@ -306,7 +439,8 @@ def main(argv=None):
     meta = dict(harness.machine(args.device, ["decode.py"] + (sys.argv[1:] if argv is None else argv)),
                 bench=f"decode-{args.mode}", reference=rows[0]["model"], args={k: v for k, v in vars(args).items() if k != "model"})
     if args.mode == "checkpoint":
-        meta.update(models=dict(args.model), generate_flags=args.generate_flags, memory=rows[0]["memory"])
+        meta.update(models={n: f"ct2:{p}:{t}" if t else p for n, p, t in args.model}, generate_flags=args.generate_flags,
+                    memory=rows[0]["memory"])
     if args.out:
         harness.write_json(args.out, meta, rows)
     return rows

@@ -120,9 +120,9 @@ def is_oom(e):
 
 def add_ratios(rows, reference, key="tokens_per_s", field="ratio", group=("length",)):
     """``row[field]`` = ``row[key]`` over the ``reference`` model's at the same ``group`` values (same run)."""
-    refs = {tuple(r.get(g) for g in group): r[key] for r in rows if r["model"] == reference and key in r}
+    refs = {tuple(r.get(g) for g in group): r[key] for r in rows if r["model"] == reference and r.get(key) is not None}
     for r in rows:
-        if refs.get(tuple(r.get(g) for g in group)) and key in r:
+        if refs.get(tuple(r.get(g) for g in group)) and r.get(key) is not None:
             r[field] = r[key] / refs[tuple(r.get(g) for g in group)]
     return rows
 

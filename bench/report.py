@@ -25,13 +25,13 @@ def table(header, lines):
                      + ["| " + " | ".join(str(c) for c in line) + " |" for line in lines])
 
 
-def by_length(rows, columns, key=lambda r: r["length"], heading=("length",)):
-    """One line per ``key`` value; for each (heading, text of a row) in ``columns``, one column per model."""
+def by_length(rows, columns, key=lambda r: r["length"], heading=("length",), shown=lambda k: k):
+    """One line per ``key`` value (``shown`` as); for each (heading, text of a row) in ``columns``, one column per model."""
     models, cell = list(dict.fromkeys(r["model"] for r in rows)), {(key(r), r["model"]): r for r in rows}
     lines = []
     for k in sorted(dict.fromkeys(key(r) for r in rows)):
         got = [cell.get((k, m)) for _, _ in columns for m in models]
-        lines.append(list(k if isinstance(k, tuple) else (k,)) + [
+        lines.append(list(shown(k) if isinstance(shown(k), tuple) else (shown(k),)) + [
             "-" if r is None else r.get("skipped") and "skipped" or r.get("error") or text(r)
             for r, text in zip(got, [t for _, t in columns for _ in models])])
     return table(list(heading) + [f"{m} {h}".strip() for h, _ in columns for m in models], lines)
@@ -48,13 +48,22 @@ def step(r):
 
 def checkpoint_table(data):
     rows, meta, ref = data["rows"], data["meta"], data["rows"][0]["model"]
-    return (f"Decoding {rows[0]['sentences']:,} sentences, fairseq-generate {' '.join(meta['generate_flags'])}; "
-            f"{meta['args']['statistic']} of {rows[0]['runs']} run(s); memory: {meta['memory']}.\n\n" + table(
-                ["run", "sentences", "tokens generated", "decoding time (s)", "sentences/s", "tokens/s",
-                 f"speed vs {ref}", "peak memory (MiB)", f"memory vs {ref}"],
-                [[r["model"], f"{r['sentences']:,}", f"{r['tokens']:,}", f"{r['seconds']:.1f}", f"{r['sentences_per_s']:.2f}",
-                  f"{r['tokens_per_s']:.1f}", f"{r['ratio']:.2f}x", f"{r['peak_bytes'] / 2**20:.0f}",
-                  f"{r['memory_ratio']:.2f}x"] for r in rows]))
+    about = (f"Decoding {rows[0]['sentences']:,} {'prompts' if 'length' in rows[0] else 'sentences'}, fairseq-generate "
+             f"{' '.join(meta['generate_flags'])}; {meta['args']['statistic']} of {rows[0]['runs']} run(s); memory: "
+             f"{meta['memory']}.\n\n")
+    columns = [("tokens/s", speed), ("peak MiB", lambda r: mib(r.get("peak_bytes"))),
+               ("memory vs " + ref, lambda r: f"{r.get('memory_ratio', 0):.2f}x")]
+    if "length" in rows[0]:  # language_modeling: new tokens after each prompt
+        return about + by_length(rows, columns + [("same output", lambda r: f"{r.get('same_as_first', 0):.2f}")])
+    buckets = [b for r in rows for b in r.get("buckets", ())]
+    return about + table(
+        ["run", "sentences", "tokens generated", "decoding time (s)", "sentences/s", "tokens/s",
+         f"speed vs {ref}", "peak memory (MiB)", f"memory vs {ref}", "BLEU", f"same output as {ref}"],
+        [[r["model"], f"{r['sentences']:,}", f"{r['tokens']:,}", f"{r['seconds']:.1f}", f"{r['sentences_per_s']:.2f}",
+          f"{r['tokens_per_s']:.1f}", f"{r['ratio']:.2f}x", mib(r.get("peak_bytes")), f"{r.get('memory_ratio', 0):.2f}x",
+          f"{r['bleu']:.2f}" if "bleu" in r else "-", f"{r['same_as_first']:.2f}" if "same_as_first" in r else "-"]
+         for r in rows]) + ("\n\nBy output tokens per sentence (a batch counts where its longest output falls):\n\n" + by_length(
+            buckets, columns, lambda r: (r["bucket_from"], r["bucket"]), ("output tokens",), lambda k: k[1]) if buckets else "")
 
 
 def profile_table(rows):

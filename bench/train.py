@@ -21,6 +21,7 @@ is faster). Lengths predicted over ``--max-seconds``, or after running out of me
 import argparse
 import gc
 import math
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -145,34 +146,48 @@ def encoder_step(args, variant, length):
     return step, module, dict(tokens=length)
 
 
+def measure_variant(args, make_step, variant, length) -> dict:
+    """One row's fields: the measurement of ``make_step``'s step, or why it was skipped or failed."""
+    made = make_step(args, variant, length)
+    if isinstance(made, str):
+        return {"skipped": made}
+    step, model, fields = made
+    if args.threads:  # a fresh process (--fresh-process) starts with torch's own thread count
+        torch.set_num_threads(args.threads)
+    try:
+        return dict(fields, **harness.measure(step, args.device, args.repeats, args.clock, args.statistic, [model]))
+    except (RuntimeError, MemoryError) as e:
+        if not harness.is_oom(e):
+            raise
+        return {"error": "out of memory"}
+
+
 def by_length(args, make_step, power):
     """At each length every variant in turn; ``make_step`` gives (step, model, fields) or why to skip.
-    A step is predicted to cost the last length's seconds x (length ratio) ** power[quadratic]."""
+    A step is predicted to cost the last length's seconds x (length ratio) ** power[quadratic].
+    With ``--fresh-process`` each row is measured in a process of its own, so that no row's peak
+    memory depends on what the allocator kept from the rows before it."""
     rows, last, failed = [], {}, {}
     for length in args.lengths:
         for variant in args.variants:
             rows.append(dict(model=variant, length=length))
             guess = last[variant][1] * (length / last[variant][0]) ** power[variant in ("softmax", "sdpa")] \
                 * (args.repeats + 1) if variant in last else 0
-            made = (f"out of memory at length {failed[variant]}" if variant in failed else
-                    f"predicted {guess:.0f} s > --max-seconds {args.max_seconds:g}" if guess > args.max_seconds
-                    else make_step(args, variant, length))
-            if isinstance(made, str):
-                rows[-1]["skipped"] = made
-                print(f"{variant:18s} {length:6d}: skipped, {made}", flush=True)
-                continue
-            step, model, fields = made
-            try:
-                rows[-1].update(fields, **harness.measure(step, args.device, args.repeats, args.clock, args.statistic, [model]))
-                rows[-1]["tokens_per_s"], last[variant] = fields["tokens"] / rows[-1]["seconds"], (length, rows[-1]["seconds"])
-            except (RuntimeError, MemoryError) as e:
-                if not harness.is_oom(e):
-                    raise
-                rows[-1]["error"], failed[variant] = "out of memory", length
-            del step, model, made
-            gc.collect()
-            print(f"{variant:18s} {length:6d}: {rows[-1].get('seconds', float('nan')):9.4f} s/step, "
-                  f"peak {harness.mib(rows[-1].get('peak_bytes'))} MiB {rows[-1].get('error', '')}", flush=True)
+            if variant in failed or guess > args.max_seconds:
+                rows[-1]["skipped"] = (f"out of memory at length {failed[variant]}" if variant in failed else
+                                       f"predicted {guess:.0f} s > --max-seconds {args.max_seconds:g}")
+            elif args.fresh_process:
+                with multiprocessing.get_context("spawn").Pool(1) as pool:
+                    rows[-1].update(pool.apply(measure_variant, (args, make_step, variant, length)))
+            else:
+                rows[-1].update(measure_variant(args, make_step, variant, length))
+                gc.collect()
+            if "seconds" in rows[-1]:
+                rows[-1]["tokens_per_s"], last[variant] = rows[-1]["tokens"] / rows[-1]["seconds"], (length, rows[-1]["seconds"])
+            failed.update({variant: length} if "error" in rows[-1] else {})
+            print(f"{variant:18s} {length:6d}: " + (f"skipped, {rows[-1]['skipped']}" if "skipped" in rows[-1] else
+                  f"{rows[-1].get('seconds', float('nan')):9.4f} s/step, peak {harness.mib(rows[-1].get('peak_bytes'))} "
+                  f"MiB {rows[-1].get('error', '')}"), flush=True)
     return rows
 
 
@@ -246,6 +261,10 @@ def parse_args(argv=None):
             sub.add_argument("--batches", type=harness.positive, default=4, help="distinct batches, used in turn")
         else:
             sub.add_argument("--max-seconds", type=float, default=600.0, help="skip a length predicted to take longer")
+        if mode in ("lm", "encoder"):
+            sub.add_argument("--fresh-process", action="store_true",
+                             help="measure each variant and length in a process of its own (peak memory unaffected "
+                                  "by the rows before)")
         if variants:
             sub.add_argument("--variants", nargs="+", choices=variants, default=default)
         for name in full:

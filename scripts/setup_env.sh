@@ -31,6 +31,7 @@ import importlib.metadata as m
 try:
     import torch, fairseq, sacrebleu, sacremoses, sentencepiece, pytest, hypothesis, matplotlib  # noqa
     m.version("rfa_fairseq")
+    m.version("ctranslate2")  # optional, below: where it cannot install, setup runs its install steps every time
     print(m.version("fairseq-fixed"))
 except Exception:
     pass
@@ -56,4 +57,6 @@ fi
 pip_install "hydra-core==1.3.2" "omegaconf==2.3.0" regex sacrebleu sacremoses tqdm bitarray scikit-learn packaging cffi \
   sentencepiece pytest hypothesis "matplotlib>=3.7"
 pip_install --no-build-isolation --no-deps -e .
+# optional, pinned as setup.py's "bench" extra: CTranslate2 for bench/decode.py (tests skip its cases without it)
+pip_install "ctranslate2==4.8.5" || echo "[setup] warning: ctranslate2 4.8.5 did not install; bench/decode.py runs without it"
 "$PY" -c "import torch, fairseq, rfa_fairseq; print('[setup] ok: torch', torch.__version__, '| fairseq', fairseq.__version__, '| rfa_fairseq', rfa_fairseq.__version__)"

@@ -1,10 +1,12 @@
 """bench/decode.py: both modes at tiny sizes record what the report reads, with honest ratios."""
+import importlib.util
 import json
+import os
 
 import pytest
 
 from bench import decode, report
-from rfa_test_utils import USER_DIR, multi30k_bin, run_cli
+from rfa_test_utils import REPO, USER_DIR, head_gz, multi30k_bin, run_cli
 
 TINY = ["--tiny", "--vocab", "60", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
 
@@ -106,3 +108,108 @@ def test_checkpoint_mode_decodes_the_split_in_fresh_processes(checkpoints, tmp_p
     # the table recipes/*/speed.sh writes: run, sentences, ..., tokens/s, speed and memory vs the first run
     lines = [line.split(" | ") for line in report.main([str(out)]).splitlines() if line.startswith("| softmax")]
     assert lines[0][1:2] == ["9"] and lines[0][6:7] == ["1.00x"] and "--beam 2" in report.main([str(out)])
+
+
+@pytest.mark.parametrize("argv", [
+    ["--model", f"a=ct2:{__file__}:int9"], ["--model", f"a={__file__}", "--task", "translation"],
+    ["--model", f"a={__file__}", "--source-lang", "de", "--target-lang", "en", "--bucket-edges", "8", "4"],
+    ["--model", f"a={__file__}", "--task", "lm"]])
+def test_bad_checkpoint_flags_stop_with_an_error(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        decode.parse_args(["checkpoint", "."] + argv)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+CT2 = importlib.util.find_spec("ctranslate2") is not None  # optional (setup.py's bench extra): its cases skip without it
+GENERATE = ["--beam", "4", "--batch-size", "2", "--max-len-a", "1.2", "--max-len-b", "5", "--required-batch-size-multiple",
+            "1", "--cpu"]
+
+
+@pytest.fixture(scope="module")
+def documents(checkpoints, tmp_path_factory):
+    """softmax and RFA-Gate in fairseq, the softmax checkpoint in CTranslate2 (float32, int8), by output length."""
+    data, paths = checkpoints
+    out = tmp_path_factory.mktemp("buckets") / "buckets.json"
+    ct2 = ["--model", f"ct2_fp32=ct2:{paths['softmax']}:float32", "--model", f"ct2_int8=ct2:{paths['softmax']}:int8"]
+    decode.main(["checkpoint", str(data), "--source-lang", "de", "--target-lang", "en", "--threads", "1", "--bucket-edges",
+                 "8", "16", "--model", f"softmax={paths['softmax']}", "--model", f"rfa_gate={paths['rfa_gate']}",
+                 "--out", str(out)] + ct2 * CT2 + ["--"] + GENERATE)
+    return json.loads(out.read_text()), out
+
+
+@pytest.mark.slow
+def test_buckets_add_up_to_the_totals_with_ratios_per_bucket(documents):
+    rows = documents[0]["rows"]
+    assert [r["engine"] for r in rows] == ["fairseq", "fairseq"] + ["ctranslate2 float32", "ctranslate2 int8"] * CT2
+    first = {b["bucket"]: b for b in rows[0]["buckets"]}
+    assert len(first) >= 2 and set(first) <= {"1-8", "9-16", "17+"}
+    for r in rows:
+        assert r["sentences"] == 9 and sum(b["sentences"] for b in r["buckets"]) == 9
+        assert sum(b["tokens"] for b in r["buckets"]) == r["tokens"]
+        assert sum(b["seconds"] for b in r["buckets"]) == pytest.approx(r["seconds"])
+        for b in r["buckets"]:
+            assert b["model"] == r["model"] and b["tokens_per_s"] == pytest.approx(b["tokens"] / b["seconds"])
+            assert b["peak_bytes"] <= r["peak_bytes"]
+            if b["bucket"] in first:
+                assert b["ratio"] == pytest.approx(b["tokens_per_s"] / first[b["bucket"]]["tokens_per_s"])
+                assert b["memory_ratio"] == pytest.approx(b["peak_bytes"] / first[b["bucket"]]["peak_bytes"])
+    text = report.main([str(documents[1])])
+    assert "By output tokens per sentence" in text and f"| {rows[0]['buckets'][0]['bucket']} |" in text
+    assert "rfa_gate tokens/s" in text
+
+
+@pytest.mark.slow
+def test_ctranslate2_float32_translates_as_fairseq_does(documents):
+    """The converted softmax model, beam 4 and the same batches: the same hypotheses, so the same BLEU."""
+    pytest.importorskip("ctranslate2")
+    softmax, _, fp32, int8 = documents[0]["rows"]
+    assert fp32["same_as_first"] == 1.0 and fp32["bleu"] == softmax["bleu"] and fp32["tokens"] == softmax["tokens"]
+    assert int8["sentences"] == 9 and 0 <= int8["same_as_first"] <= 1 and "bleu" in int8
+
+
+@pytest.mark.slow
+def test_only_softmax_checkpoints_convert(checkpoints, tmp_path):
+    pytest.importorskip("ctranslate2")
+    with pytest.raises(ValueError, match="rfa_transformer.*not supported"):
+        decode.convert_for_ctranslate2(str(checkpoints[1]["rfa_gate"]), str(checkpoints[0]), str(tmp_path / "ct2"), "de", "en",
+                                       user_dir=USER_DIR)
+
+
+@pytest.fixture(scope="module")
+def lms(tmp_path_factory):
+    """Tiny transformer_lm and rfa_transformer_lm (RFA-Gate) trained on Multi30k's English side, blocks of 32 tokens."""
+    d = tmp_path_factory.mktemp("lm")
+    for split, n in (("train", 200), ("valid", 8), ("test", 12)):
+        head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.en.gz"), d / f"{split}.en", n)
+    run_cli("fairseq-preprocess", "--only-source", "--trainpref", d / "train.en", "--validpref", d / "valid.en",
+            "--testpref", d / "test.en", "--destdir", d / "bin", "--workers", "1")
+    tiny = ["--task", "language_modeling", "--tokens-per-sample", "32", "--decoder-layers", "2", "--decoder-embed-dim", "32",
+            "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "4", "--share-decoder-input-output-embed",
+            "--optimizer", "adam", "--lr", "5e-3", "--batch-size", "8", "--no-progress-bar", "--cpu", "--num-workers", "0",
+            "--seed", "3", "--max-update", "30", "--no-epoch-checkpoints", "--required-batch-size-multiple", "1"]
+    paths = {}
+    for name, arch in {"softmax": ["--arch", "transformer_lm"],
+                       "rfa_gate": ["--user-dir", USER_DIR, "--arch", "rfa_transformer_lm", "--rfa-gate"]}.items():
+        run_cli("fairseq-train", d / "bin", *arch, *tiny, "--save-dir", d / name)
+        paths[name] = d / name / "checkpoint_last.pt"
+    return d / "bin", paths
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("search", [["--beam", "1"], ["--beam", "1", "--sampling", "--sampling-topk", "5"]])
+def test_lm_generation_continues_every_prompt_by_exactly_each_length(lms, search, tmp_path):
+    """Lengths past the 32 positions trained; CTranslate2 on the converted softmax LM, its positions widened too."""
+    data, paths = lms
+    rows = decode.main(["checkpoint", str(data), "--task", "language_modeling", "--lengths", "40", "5", "--prompts", "3",
+                        "--prompt-tokens", "6", "--threads", "1", "--model", f"softmax={paths['softmax']}",
+                        "--model", f"rfa_gate={paths['rfa_gate']}"] + ["--model", f"ct2=ct2:{paths['softmax']}:float32"] * CT2
+                       + ["--", "--tokens-per-sample", "16", "--batch-size", "2", "--cpu"] + search)
+    models = ["softmax", "rfa_gate"] + ["ct2"] * CT2
+    assert [(r["model"], r["length"]) for r in rows] == [(m, n) for m in models for n in (5, 40)]
+    by = {(r["model"], r["length"]): r for r in rows}
+    for r in rows:
+        assert r["generated"] == [r["length"]] and r["tokens"] == 3 * r["length"] and r["sentences"] == 3
+        assert r["ratio"] == pytest.approx(r["tokens_per_s"] / by[("softmax", r["length"])]["tokens_per_s"])
+        assert r["peak_bytes"] > 0
+    if CT2 and "--sampling" not in search:  # greedy: CTranslate2 continues the prompts as fairseq does
+        assert by[("ct2", 5)]["same_as_first"] == by[("ct2", 40)]["same_as_first"] == 1.0
