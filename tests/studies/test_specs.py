@@ -14,6 +14,7 @@ from rfa_test_utils import REPO
 
 sys.path.insert(0, os.path.join(REPO, "results"))
 import convert  # noqa: E402
+import documents  # noqa: E402
 import lra  # noqa: E402
 import quality  # noqa: E402
 import runner  # noqa: E402
@@ -37,7 +38,7 @@ def test_every_translation_variant_parses_with_fairseq_train():
 
 def test_every_lm_and_classifier_variant_parses_with_fairseq_train():
     from fairseq import options
-    for task, flags in stateful_lm.VARIANTS.values():
+    for task, flags, *_ in stateful_lm.VARIANTS.values():
         options.parse_args_and_arch(options.get_training_parser(), ["data-bin", "--task", task, *flags])
     for variant, flags in lra.VARIANTS.items():
         args = options.parse_args_and_arch(options.get_training_parser(), [
@@ -116,6 +117,40 @@ def test_a_tiny_conversion_reuses_the_quality_runs(multi30k, tmp_path, monkeypat
     assert (work / "tiny" / "gate_softcross-seed1" / "timing.json").exists()
     assert "Loaded checkpoint" in (work / "tiny" / "scratch_softcross-0.1-seed1" / "train.log").read_text()
     assert all(0 <= r["test_bleu"] < 100 for r in got.values())
+
+
+@pytest.mark.slow
+def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_path, monkeypatch):
+    """Documents built from the prepared sentences, a two-update model decoded a document a line,
+    its BLEU over whole documents (separators removed) and by reference length."""
+    tiny(documents, monkeypatch, layers=1, dim=16, ffn=32, heads=2, updates=2, warmup=1)
+    monkeypatch.setattr(documents, "GENERATE", ["--max-len-a", "0", "--max-len-b", "12"])  # untrained: no </s>
+    out, work = tmp_path / "out.jsonl", tmp_path / "work"
+    shutil.copytree(multi30k / "data", work / "data")
+    documents.main(documents, ["--setting", "tiny", "--variants", "gate_softcross", "--work", str(work), "--out",
+                               str(out), "--cpu"])
+    (record,) = runner.load(out)
+    docs = work / "docs"
+    lengths = [int(n) for n in (docs / "test.tgt_tokens").read_text().split()]
+    assert len(lengths) == len((docs / "test.ref.en").read_text().splitlines()) > 20
+    assert max(lengths) > 512 and min(lengths) <= 128, "the buckets are all filled"
+    assert sum(record[f"test_docs_{lo}"] for lo, _ in documents.BUCKETS) == len(lengths)
+    assert 0 <= record["test_bleu"] < 100 and all(0 <= record[f"test_bleu_{lo}"] < 100 for lo, _ in documents.BUCKETS)
+    generated = (work / "tiny" / "gate_softcross-seed1" / "generate.test.out").read_text()
+    assert generated.count("\nH-") + generated.startswith("H-") == len(lengths)
+    # the references are the shipped sentences, in order, a document a line
+    with gzip.open(os.path.join(REPO, "data/multi30k/test.en.gz"), "rt", encoding="utf-8") as f:
+        sentences = " ".join(line.strip() for line in f)
+    assert " ".join((docs / "test.ref.en").read_text().split("\n")).split() == sentences.split()
+
+
+def test_document_bleu_removes_the_separators(tmp_path):
+    (tmp_path / "gen").write_text("H-1\t-0.1\ta man walks<sep> a big dog\nH-0\t-0.2\tthe cat sits <sep> on the mat\n")
+    (tmp_path / "ref").write_text("the cat sits on the mat\na man walks a big dog\n")
+    (tmp_path / "len").write_text("100\n300\n")
+    found = documents.score(tmp_path / "gen", tmp_path / "ref", tmp_path / "len")
+    assert found["bleu"] == 100.0 and found["bleu_0"] == found["bleu_256"] == 100.0
+    assert found["docs_0"] == found["docs_256"] == 1 and "docs_128" not in found
 
 
 @pytest.mark.slow
