@@ -46,6 +46,9 @@ VARIANTS = {  # (training task, flags[, what changes in the setting])
     "rfa_gate_stateful_fixed": (STATEFUL, GATE + ["--rfa-fixed-features"]),
     "rfa_gate_elu": ("language_modeling", GATE + ["--rfa-kernel", "elu"]),
     "rfa_gate_stateful_elu": (STATEFUL, GATE + ["--rfa-kernel", "elu"]),
+    # the fix: shuffled blocks as without state, each starting from the state of the block before it in
+    # the text (built without gradient, with the update's draw)
+    "rfa_gate_burnin": (STATEFUL, GATE + ["--burn-in-blocks", "1"]),
     # block length, the same tokens per update
     "rfa_gate_b128": ("language_modeling", GATE, dict(block=128, rows=32)),
     "rfa_gate_stateful_b128": (STATEFUL, GATE, dict(block=128, rows=32)),

@@ -49,7 +49,7 @@ from omegaconf import II
 from torch import nn
 
 from ..modules.causal_rfa_attention import CarriedState, CausalRFAttention
-from ..validation import positive_int
+from ..validation import non_negative_int, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,13 @@ class StatefulLMConfig(FairseqDataclass):
         metadata={"help": "start every block from a zero state (the streams' order without the carried state: the "
                           "control that tells the state's effect from the order's)"},
     )
+    burn_in_blocks: int = field(
+        default=0,
+        metadata={"help": "train on shuffled blocks, as --task language_modeling does, each starting from the state "
+                          "the model builds, without gradient, over the N blocks before it in the text (0: carry the "
+                          "state along contiguous streams). Validation and fairseq-eval-lm carry the state through "
+                          "the split either way"},
+    )
     carry_positions: bool = field(
         default=False,
         metadata={"help": "positions continue along each stream from block to block (sinusoidal positions only), "
@@ -86,6 +93,8 @@ class StatefulLMConfig(FairseqDataclass):
     # Read by fairseq's language model config; blocks continue the text, so there is no BOS to add.
     add_bos_token: bool = field(default=False, metadata={"help": "not supported by rfa_stateful_lm"})
     dataset_impl: Optional[ChoiceEnum(get_available_dataset_impl())] = II("dataset.dataset_impl")
+    train_subset: str = II("dataset.train_subset")
+    seed: int = II("common.seed")
 
 
 def causal_rfa_modules(model) -> List[CausalRFAttention]:
@@ -172,6 +181,20 @@ class StreamBatches(torch.utils.data.Dataset):
         return self.groups * self.layout.size(2)
 
 
+class BurnInBlocks(torch.utils.data.Dataset):
+    """Item ``i``: block ``i`` of the text (``(source, target)``) and the sources of the ``n`` blocks
+    before it, oldest first (None before the text's first block)."""
+
+    def __init__(self, text: TextBlocks, n: int):
+        self.text, self.n = text, n
+
+    def __getitem__(self, i):
+        return i, self.text[i], [self.text[j][0] if j >= 0 else None for j in range(i - self.n, i)]
+
+    def __len__(self):
+        return len(self.text)
+
+
 @register_task("rfa_stateful_lm", dataclass=StatefulLMConfig)
 class StatefulLanguageModelingTask(FairseqTask):
     """Language modelling over contiguous streams with the RFA state carried across batches."""
@@ -180,6 +203,13 @@ class StatefulLanguageModelingTask(FairseqTask):
         super().__init__(cfg)
         if cfg.add_bos_token:
             raise ValueError("--add-bos-token is not supported by --task rfa_stateful_lm: blocks continue the text")
+        non_negative_int("--burn-in-blocks", cfg.burn_in_blocks)
+        if cfg.burn_in_blocks:
+            clash = [name for name, on in (("--stream-groups", cfg.stream_groups != 1), ("--no-carry-state",
+                     cfg.no_carry_state), ("--carry-positions", cfg.carry_positions)) if on]
+            if clash:
+                raise ValueError(f"--burn-in-blocks {cfg.burn_in_blocks} trains on shuffled blocks, which {clash[0]} "
+                                 "does not apply to: drop it, or train on streams with --burn-in-blocks 0")
         self.dictionary = dictionary
         self.carries = {}  # (split, group) -> one CarriedState per causal RFA module
 
@@ -247,6 +277,9 @@ class StatefulLanguageModelingTask(FairseqTask):
         if isinstance(max_positions, int) and self.cfg.tokens_per_sample > max_positions:
             raise ValueError(f"--tokens-per-sample {self.cfg.tokens_per_sample} exceeds the model's {max_positions} "
                              "positions; with the carried state a shorter block loses no context")
+        if self.cfg.burn_in_blocks and dataset.name == self.cfg.train_subset and groups is None:
+            return self.burn_in_iterator(dataset, max_sentences, seed, num_shards, shard_id, num_workers, epoch,
+                                         data_buffer_size, skip_remainder_batch)
         groups = self.cfg.stream_groups if groups is None else groups
         positive_int("--stream-groups", groups)
         batches = StreamBatches(dataset, stream_layout(len(dataset), max_sentences * groups, num_shards, shard_id),
@@ -265,6 +298,58 @@ class StatefulLanguageModelingTask(FairseqTask):
             disable_shuffling=True,
             skip_remainder_batch=skip_remainder_batch,
         )
+
+    def burn_in_iterator(self, dataset, rows, seed, num_shards, shard_id, num_workers, epoch, data_buffer_size,
+                         skip_remainder_batch):
+        """Training with ``--burn-in-blocks N``: every block once per epoch, ``rows`` blocks a batch,
+        shuffled anew each epoch (seed + epoch), each with the N blocks before it."""
+        def batches(_, epoch):
+            order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+            return [order[i:i + rows] for i in range(0, len(order), rows)]
+
+        return iterators.EpochBatchIterator(
+            dataset=BurnInBlocks(dataset, self.cfg.burn_in_blocks),
+            collate_fn=self.collate_burn_in,
+            batch_sampler=batches,
+            seed=seed,
+            num_shards=num_shards,
+            shard_id=shard_id,
+            num_workers=num_workers,
+            epoch=epoch,
+            buffer_size=data_buffer_size,
+            skip_remainder_batch=skip_remainder_batch,
+        )
+
+    def collate_burn_in(self, items):
+        """Shuffled blocks, right-padded, and ``burn_in``: for each of the N blocks before them, oldest
+        first, their sources ``[rows, L]`` (pads where the text has not begun; a pad neither writes
+        nor decays the state). Steps before the text for every row are left out."""
+        if not items:
+            return {}  # a rank's filler batch (fairseq makes it a dummy step)
+        pad = self.dictionary.pad()
+        ids, pairs, before = zip(*items)
+        source = data_utils.collate_tokens([p[0] for p in pairs], pad)
+        target = data_utils.collate_tokens([p[1] for p in pairs], pad)
+        empty = source.new_empty(0)
+        burn_in = [data_utils.collate_tokens([b[j] if b[j] is not None else empty for b in before], pad)
+                   for j in range(self.cfg.burn_in_blocks) if any(b[j] is not None for b in before)]
+        return {
+            "id": torch.tensor(ids),
+            "net_input": {"src_tokens": source, "src_lengths": source.ne(pad).sum(1)},
+            "target": target,
+            "nsentences": len(pairs),
+            "ntokens": int(target.ne(pad).sum()),
+            "burn_in": burn_in,
+        }
+
+    def burn_in(self, model, blocks: List[torch.Tensor]):
+        """Fresh states for the batch's rows, advanced without gradient over the blocks before them
+        (with this update's random draw, which the training block then reads them with)."""
+        for m in causal_rfa_modules(model):
+            m.carry = CarriedState()
+        with torch.no_grad():
+            for tokens in blocks:
+                model(tokens, features_only=True)
 
     def collate(self, items, stream: str):
         """One batch: the rows' blocks right-padded to the longest (a row whose text has run out is
@@ -300,7 +385,10 @@ class StatefulLanguageModelingTask(FairseqTask):
             model.decoder.embed_positions.offset = sample["block"] * self.cfg.tokens_per_sample
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False, **kwargs):
-        self.use_stream(model, sample)
+        if "burn_in" in sample:
+            self.burn_in(model, sample["burn_in"])
+        else:
+            self.use_stream(model, sample)
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad, **kwargs)
 
     def valid_step(self, sample, model, criterion, **kwargs):

@@ -246,6 +246,68 @@ def test_no_carry_state_starts_every_block_from_zero(lm_data):
     assert stepped == pytest.approx(alone, rel=1e-5)
 
 
+def burn_in_batches(task, rows, epoch=1, num_shards=1, shard_id=0):
+    itr = task.get_batch_iterator(task.dataset("train"), max_sentences=rows, seed=3, epoch=epoch,
+                                  num_shards=num_shards, shard_id=shard_id)
+    return list(itr.next_epoch_itr(shuffle=True))
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_burn_in_batches_shuffle_every_block_with_the_blocks_before_it(lm_data, n):
+    """--burn-in-blocks N: each epoch every train block is a row once, in an order that changes from
+    epoch to epoch; before each row come the N blocks that precede it in the text, oldest first
+    (pads before the text starts), so the burn-in and the row together are a contiguous piece of
+    the text. Validation keeps the streams."""
+    task, _ = stateful(lm_data, "--burn-in-blocks", str(n))
+    task.load_dataset("train")
+    task.load_dataset("valid")
+    pad, blocks = task.dictionary.pad(), task.dataset("train")
+    orders = []
+    for epoch in (1, 2):
+        samples = burn_in_batches(task, 3, epoch)
+        ids = torch.cat([s["id"] for s in samples]).tolist()
+        assert sorted(ids) == list(range(len(blocks)))
+        orders.append(ids)
+        for s in samples:
+            for r, i in enumerate(s["id"].tolist()):
+                assert torch.equal(s["target"][r][s["target"][r].ne(pad)], blocks[i][1])
+                before = [b[r][b[r].ne(pad)] for b in s["burn_in"]]
+                want = [blocks[j][0] for j in range(max(i - n, 0), i)]
+                assert torch.equal(torch.cat(before), torch.cat(want) if want else torch.zeros(0, dtype=torch.long))
+    assert orders[0] != orders[1] and orders[0] != sorted(orders[0])
+    sharded = [s["id"].tolist() for k in (0, 1) for s in burn_in_batches(task, 3, 1, 2, k) if s]
+    assert sorted(sum(sharded, [])) == list(range(len(blocks))), "two ranks share the blocks"
+    assert all("burn_in" not in s and "block" in s for s in batches(task, "valid", 2))
+
+
+@pytest.mark.parametrize("gate", [[], ["--rfa-gate"]], ids=["rfa", "gate"])
+def test_burn_in_gives_each_row_the_state_of_the_text_before_it(lm_data, gate):
+    """After the task's burn-in, the whole decoder over a training batch (no positional
+    embeddings) equals one pass over each row's preceding blocks and the row together, fp32,
+    <= 1e-5; the row that starts the text equals a pass over it alone."""
+    task, model = stateful(lm_data, "--no-token-positional-embeddings", "--burn-in-blocks", "2", *gate)
+    model.eval()
+    task.load_dataset("train")
+    pad, blocks = task.dictionary.pad(), task.dataset("train")
+    sample = next(s for s in burn_in_batches(task, 4) if 0 in s["id"].tolist() or 1 in s["id"].tolist())
+    with torch.no_grad():
+        task.burn_in(model, sample["burn_in"])
+        out, _ = model(sample["net_input"]["src_tokens"])
+        for m in causal_rfa_modules(model):
+            m.carry = None
+        for r, i in enumerate(sample["id"].tolist()):
+            text = torch.cat([blocks[j][0] for j in range(max(i - 2, 0), i + 1)])
+            whole, _ = model(text[None])
+            length = len(blocks[i][0])
+            assert (out[r, :length] - whole[0, -length:]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("flag", [["--stream-groups", "2"], ["--no-carry-state"], ["--carry-positions"]])
+def test_burn_in_refuses_the_stream_flags(lm_data, flag):
+    with pytest.raises(ValueError, match=f"--burn-in-blocks 1 trains on shuffled blocks, which {flag[0]}"):
+        stateful(lm_data, "--burn-in-blocks", "1", *flag)
+
+
 def test_softmax_model_is_refused(lm_data):
     with pytest.raises(ValueError, match=r"rfa_stateful_lm.*\(transformer_lm\) has no RFA attention.*convert_from_softmax"):
         stateful(lm_data, arch="transformer_lm")
@@ -275,10 +337,10 @@ def test_command_lines_train_and_evaluate_either_way(lm_data, tmp_path):
     """fairseq-train with the task; fairseq-eval-lm with and without state on a checkpoint
     trained with state and on one trained without: every run scores every test token."""
     ppl = {}
-    for trained in ("rfa_stateful_lm", "language_modeling"):
+    for trained, extra in (("rfa_stateful_lm", ["--burn-in-blocks", "1"]), ("language_modeling", [])):
         ckpt = tmp_path / trained
         log = run_cli("fairseq-train", lm_data, "--task", trained, "--user-dir", USER_DIR, "--arch",
-                      "rfa_transformer_lm", "--rfa-gate", "--tokens-per-sample", BLOCK, *SMALL, *TRAIN,
+                      "rfa_transformer_lm", "--rfa-gate", "--tokens-per-sample", BLOCK, *SMALL, *TRAIN, *extra,
                       "--batch-size", "4", "--max-update", "4", "--save-dir", ckpt)
         assert "num_updates 4" in log
         for evaluated in ("rfa_stateful_lm", "language_modeling"):
