@@ -89,7 +89,10 @@ def render(data):
         body = "Milliseconds per call\n\n" + by_length(rows, [("", lambda r: f"{1e3 * r['seconds']:.1f}")],
                                                          lambda r: (r["pass"], r["gated"], r["length"]), ("pass", "gated", "length"))
     else:
-        body = by_length(rows, [("s/step", step), ("peak MiB", lambda r: mib(r.get("peak_bytes")))]) + (
+        memory = [("peak MiB", lambda r: mib(r.get("peak_bytes")))] + [
+            ("allocated MiB", lambda r: mib(r.get("allocated_bytes"))), ("resident MiB", lambda r: mib(r.get("resident_bytes")))
+        ] * any("allocated_bytes" in r for r in rows)
+        body = by_length(rows, [("s/step", step)] + memory) + (
             "\n\nIn brackets: speed relative to softmax and to SDPA in the same run (> 1 is faster).")
     about = f"{meta['device']}, torch {meta['torch']}, {meta['torch_threads']} threads, {meta['date'][:10]}: `{meta['command']}`"
     profile = "\n" + profile_table(rows) + "\n" if any("profile" in r for r in rows) else ""

@@ -56,15 +56,14 @@ class CausalRFAttention(RFAttentionBase):
             ``"decay"``, ``S_t = g_t S_{t-1} + phi(k_t) v_t^T`` (the RFA slides, GLA).
         gate_bias: the initial ``b_g`` (2: ``g`` starts near 0.88, about eight tokens of memory;
             0, the paper's: near 0.5, about two tokens).
-        recompute: under autograd, keep only the heads ``q, k, v`` (and log-gates) of a
-            whole-sequence call for the backward pass, and compute the feature maps and the
-            chunked form again there, instead of keeping their intermediates (about four times
-            the heads' size). Decoding is not affected.
+        recompute: under autograd, keep only the input ``x`` of a whole-sequence call for the
+            backward pass, and compute the projections, feature maps and chunked form again
+            there, instead of keeping their intermediates. Decoding is not affected.
         recompute_segment: under autograd, a whole sequence longer than this many tokens is
             recomputed in any case, and segment by segment: each segment's checkpoint keeps its
-            heads and the state entering it (``[B, H, F, K + 1]``), and the backward pass
+            input and the state entering it (``[B, H, F, K + 1]``), and the backward pass
             recomputes one segment at a time, so training memory grows with the length by the
-            heads alone. 0: no segments (a long sequence is recomputed only with ``recompute``,
+            input alone. 0: no segments (a long sequence is recomputed only with ``recompute``,
             and then whole).
     """
 
@@ -127,32 +126,34 @@ class CausalRFAttention(RFAttentionBase):
         return chunk_causal_rfa(q, k, v, log_g, state=state, return_state=return_state, eps=self.eps,
                                 chunk_size=self.chunk_size, convex=self.convex)
 
-    def _whole(self, q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor], pad: Optional[Tensor],
-               random_matrix: Optional[Tensor] = None, state: Optional[Tensor] = None, return_state: bool = False):
-        """The whole sequence at once (training, scoring): :meth:`_chunked`; under autograd, with
-        ``recompute`` or for a sequence longer than ``recompute_segment``, the same through
-        checkpoints, one per segment, that keep only the heads and the entering state for the
-        backward pass (the features are computed again there, from a copy of this step's random
-        matrix)."""
-        T = q.size(2)
+    def _segment(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor],
+                 state: Optional[Tensor], return_state: bool = True):
+        """Layer input in, attention out (heads, before ``out_proj``): projections, features and the
+        chunked form from ``state``."""
+        return self._chunked(*self._heads(x, key_padding_mask), random_matrix, state, return_state)
+
+    def _whole(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor] = None,
+               state: Optional[Tensor] = None, return_state: bool = False):
+        """The whole sequence ``x [T, B, C]`` at once (training, scoring). Under autograd, with
+        ``recompute`` or for a sequence longer than ``recompute_segment``, through checkpoints, one
+        per segment, that keep only the segment's input (a view of ``x``) and the entering state
+        for the backward pass: the projections, features and chunked form are computed again
+        there, from a copy of this step's random matrix. Keeping the input rather than the heads
+        is what brings the layer's training memory to softmax's: fairseq's attention keeps ``x``,
+        ``q``, ``k``, ``v`` and its output; this keeps ``x`` and the output."""
+        T = x.size(0)
         segment = self.recompute_segment or T
         if not torch.is_grad_enabled() or not (self.recompute or T > segment):
-            return self._chunked(q, k, v, log_g, pad, random_matrix, state, return_state)
+            return self._segment(x, key_padding_mask, random_matrix, state, return_state)
         if random_matrix is None:
             random_matrix = self.feature_map.matrix_for_recompute()
-        if T <= segment:
-            return checkpoint(self._chunked, q, k, v, log_g, pad, random_matrix, state, return_state,
-                              use_reentrant=False, preserve_rng_state=False)
-        # torch.split, not slicing: its backward puts the segments' gradients into one tensor at
-        # once, where each slice's backward would allocate a whole-sequence gradient of zeros.
-        split = lambda x, dim: [None] * len(heads[0]) if x is None else x.split(segment, dim)  # noqa: E731
-        heads = [x.split(segment, dim=2) for x in (q, k, v)]
+        masks = [None] * -(-T // segment) if key_padding_mask is None else key_padding_mask.split(segment, dim=1)
         outs = []
-        for q_, k_, v_, g_, p_ in zip(*heads, split(log_g, -1), split(pad, -1)):
-            out, state = checkpoint(self._chunked, q_, k_, v_, g_, p_, random_matrix, state, True,
-                                    use_reentrant=False, preserve_rng_state=False)
+        for x_, m_ in zip(x.split(segment, dim=0), masks):
+            out, state = checkpoint(self._segment, x_, m_, random_matrix, state, use_reentrant=False,
+                                    preserve_rng_state=False)
             outs.append(out)
-        out = torch.cat(outs, dim=2)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return (out, state) if return_state else out
 
     def forward(
@@ -185,23 +186,22 @@ class CausalRFAttention(RFAttentionBase):
         if incremental_state is not None:
             out = self._decode(incremental_state, *self._project(query, key_padding_mask))
         elif self.carry is not None:
-            out = self._continue_streams(*self._heads(query, key_padding_mask))
+            out = self._continue_streams(query, key_padding_mask)
         else:
-            out = self._whole(*self._heads(query, key_padding_mask))
+            out = self._whole(query, key_padding_mask)
         return self.out_proj(merge_heads(out)), None
 
-    def _continue_streams(self, q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor],
-                          pad: Optional[Tensor]) -> Tensor:
+    def _continue_streams(self, x: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
         """A block of each carried stream: start from the state the previous block left and leave
         this block's final state, detached, with the random draw it was written with (see
         :class:`CarriedState`)."""
         carry = self.carry
         if carry.state is None:
             carry.random_matrix = self.feature_map.matrix_for_recompute()  # this step's draw
-        elif carry.state.size(0) != q.size(0):
-            raise ValueError(f"the carried RFA state has {carry.state.size(0)} rows but this batch has {q.size(0)}: "
+        elif carry.state.size(0) != x.size(1):
+            raise ValueError(f"the carried RFA state has {carry.state.size(0)} rows but this batch has {x.size(1)}: "
                              "each row of a stateful batch continues one text stream")
-        out, state = self._whole(q, k, v, log_g, pad, carry.random_matrix, carry.state, return_state=True)
+        out, state = self._whole(x, key_padding_mask, carry.random_matrix, carry.state, return_state=True)
         carry.state = state.detach()
         return out
 

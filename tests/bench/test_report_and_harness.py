@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -50,6 +51,22 @@ def test_peak_memory_sees_an_allocation():
     if mem.peak_bytes is None:
         pytest.skip("neither /proc/self/clear_refs nor mallinfo2 is available")
     assert mem.peak_bytes >= 60 * 2**20
+
+
+def test_allocated_bytes_see_what_an_op_holds_between_module_calls():
+    """The sampling thread sees a tensor that lives and dies inside one call (no module hook fires),
+    and each figure is kept apart with the peak their larger."""
+    if harness._LIBC is None:
+        pytest.skip("mallinfo2 is not available")
+
+    def held():
+        x = torch.ones(64 * 2**20 // 4)  # 64 MiB, live for a while
+        time.sleep(0.05)
+        return float(x[0])
+    with harness.PeakMemory("cpu") as mem:
+        held()
+    assert mem.allocated_bytes >= 60 * 2**20
+    assert mem.peak_bytes == max(b for b in (mem.allocated_bytes, mem.resident_bytes) if b is not None)
 
 
 def test_timing_and_ratios():

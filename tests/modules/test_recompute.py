@@ -177,9 +177,8 @@ def test_segments_equal_the_whole_sequence(gate, carry):
     state0 = torch.randn(2, H, Fd, C // H + 1, dtype=torch.float64).abs().requires_grad_() if carry else None
     results = []
     for attn in (whole, segmented):
-        q, k, v, log_g, pad = attn._heads(x, mask)
         matrix = attn.feature_map.matrix_for_recompute()
-        out, final = attn._whole(q, k, v, log_g, pad, matrix, state0, return_state=True)
+        out, final = attn._whole(x, mask, matrix, state0, return_state=True)
         loss = out.square().sum() + final.square().sum()
         inputs = [x] + ([state0] if carry else [])
         params = [p for name, p in attn.named_parameters() if not name.startswith("out_proj")]  # not used here
