@@ -4,12 +4,14 @@ article into train / valid / test): softmax, RFA, RFA-Gate, and RFA-Gate trained
 carried across updates (--task rfa_stateful_lm).
 
     python results/stateful_lm.py --seeds 1             # the five variants at the small setting
+    python results/stateful_lm.py --rescore --variants softmax rfa_gate rfa_gate_burnin --seeds 1 2 3
     python results/stateful_lm.py --report
 
 The text is small and every model overfits within the budget: the checkpoint scored is the best on
 valid (checkpoint_best.pt; the record says its update). Test perplexity of blocks alone; of the RFA
 models also with the state carried through the test split; of softmax also with fairseq's sliding
-window (half a block of context).
+window (half a block of context). ``--rescore`` adds, for runs whose folders are still there, the
+test perplexity with 128, 512 and 2,048 tokens of context (fairseq's sliding window, every model).
 """
 import re
 import sys
@@ -21,39 +23,42 @@ NAME, OUT, WORK = "stateful_lm", "results/stateful_lm.jsonl", "work/stateful_lm_
 # 16 rows of `block` tokens per update
 SETTINGS = {"small": dict(layers=4, dim=256, heads=4, cutoffs="3000,10000", block=256, rows=16, updates=500,
                           warmup=100, lr="2e-3")}
+CONTEXTS = (128, 512, 2048)  # --rescore: test perplexity with this many tokens of context
 METRICS = [("best valid ppl", "valid_ppl_best", 2), ("at update", "best_update", 0),
            ("test ppl, blocks alone", "test_ppl_blocks", 2), ("with state", "test_ppl_stateful", 2),
-           ("sliding window", "test_ppl_sliding", 2), ("train s", "train_s", 1)]
+           ("sliding window", "test_ppl_sliding", 2)] + [
+    (f"context {c}", f"test_ppl_ctx{c}", 2) for c in CONTEXTS] + [("train s", "train_s", 1)]
 RFA = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_lm"]
 GATE, STATEFUL = RFA + ["--rfa-gate"], "rfa_stateful_lm"
+STREAMS = GATE + ["--burn-in-blocks", "0"]  # the state carried along contiguous streams (the task's form before burn-in)
 VARIANTS = {  # (training task, flags[, what changes in the setting])
     "softmax": ("language_modeling", ["--user-dir", "rfa_fairseq", "--arch", "transformer_lm"]),
     "rfa_gate": ("language_modeling", RFA + ["--rfa-gate"]),
     "rfa": ("language_modeling", RFA),
-    "rfa_gate_stateful": ("rfa_stateful_lm", RFA + ["--rfa-gate"]),
+    "rfa_gate_stateful": (STATEFUL, STREAMS),
     # 8 groups of 16 streams take turns, so successive updates read different articles
-    "rfa_gate_stateful_g8": ("rfa_stateful_lm", RFA + ["--rfa-gate", "--stream-groups", "8"]),
+    "rfa_gate_stateful_g8": (STATEFUL, STREAMS + ["--stream-groups", "8"]),
     # the streams' order without the carried state: the order's share of the difference
-    "rfa_gate_stateful_nocarry": (STATEFUL, GATE + ["--no-carry-state"]),
+    "rfa_gate_stateful_nocarry": (STATEFUL, STREAMS + ["--no-carry-state"]),
     # Why stateful training loses, one change at a time, each with its stateless pair where the
     # change applies to both. Positions: none (nothing in a block contradicts the carried state),
     # or continuing along the stream.
     "rfa_gate_nopos": ("language_modeling", GATE + ["--no-token-positional-embeddings"]),
-    "rfa_gate_stateful_nopos": (STATEFUL, GATE + ["--no-token-positional-embeddings"]),
-    "rfa_gate_stateful_contpos": (STATEFUL, GATE + ["--carry-positions"]),
+    "rfa_gate_stateful_nopos": (STATEFUL, STREAMS + ["--no-token-positional-embeddings"]),
+    "rfa_gate_stateful_contpos": (STATEFUL, STREAMS + ["--carry-positions"]),
     # random features: one draw for the whole run, or elu features (no draw at all)
     "rfa_gate_fixed": ("language_modeling", GATE + ["--rfa-fixed-features"]),
-    "rfa_gate_stateful_fixed": (STATEFUL, GATE + ["--rfa-fixed-features"]),
+    "rfa_gate_stateful_fixed": (STATEFUL, STREAMS + ["--rfa-fixed-features"]),
     "rfa_gate_elu": ("language_modeling", GATE + ["--rfa-kernel", "elu"]),
-    "rfa_gate_stateful_elu": (STATEFUL, GATE + ["--rfa-kernel", "elu"]),
+    "rfa_gate_stateful_elu": (STATEFUL, STREAMS + ["--rfa-kernel", "elu"]),
     # the fix: shuffled blocks as without state, each starting from the state of the block before it in
     # the text (built without gradient, with the update's draw)
     "rfa_gate_burnin": (STATEFUL, GATE + ["--burn-in-blocks", "1"]),
     # block length, the same tokens per update
     "rfa_gate_b128": ("language_modeling", GATE, dict(block=128, rows=32)),
-    "rfa_gate_stateful_b128": (STATEFUL, GATE, dict(block=128, rows=32)),
+    "rfa_gate_stateful_b128": (STATEFUL, STREAMS, dict(block=128, rows=32)),
     "rfa_gate_b512": ("language_modeling", GATE, dict(block=512, rows=8)),
-    "rfa_gate_stateful_b512": (STATEFUL, GATE, dict(block=512, rows=8)),
+    "rfa_gate_stateful_b512": (STATEFUL, STREAMS, dict(block=512, rows=8)),
 }
 
 
@@ -114,6 +119,18 @@ def run_one(variant, s, seed, data, out, a) -> dict:
         record["test_ppl_stateful"] = eval_lm(data, ckpt, out / "eval_stateful.log", a, *block, "--batch-size", "1",
                                               "--task", "rfa_stateful_lm")
     return record
+
+
+def rescore(variant, s, seed, data, out, a, record) -> dict:
+    """Test perplexity against context: fairseq's sliding window (``--context-window C``) scoring
+    128 new tokens at a time, each with C to C + 127 tokens before it, for every model alike; the
+    positions are widened for the longer windows (the models trained on blocks of 256)."""
+    found, ckpt = {}, out / "checkpoint_best.pt"
+    for c in CONTEXTS:
+        found[f"test_ppl_ctx{c}"] = eval_lm(data, ckpt, out / f"eval_ctx{c}.log", a, "--tokens-per-sample", c + 128,
+                                            "--context-window", c, "--batch-size", "1", "--model-overrides",
+                                            f"{{'max_target_positions': {c + 256}}}")
+    return found
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@
 # evaluate.sh scores checkpoint_best.pt.
 #
 # STATEFUL=1 (RFA variants): --task rfa_stateful_lm instead of language_modeling. Each GPU's batch
-# is --batch-size MAX_TOKENS / 512 rows (the same tokens per update), and each row continues its own
-# stream of the training text, every layer carrying its state (S, z), detached, from one batch to
-# the next (truncated backpropagation through time); evaluate.sh scores the run the same way.
+# is --batch-size MAX_TOKENS / 512 rows (the same tokens per update) of shuffled blocks, each block
+# starting from the state (S, z) every layer builds, without gradient, over the block before it in
+# the text (the task's --burn-in-blocks 1); evaluate.sh carries the state through the whole split.
 # Environment: SIZE, STATEFUL, RUN (run name, default VARIANT, VARIANT.small with SIZE=small), MAX_UPDATE,
 # WARMUP, MAX_TOKENS, UPDATE_FREQ, SEED, WORLD_SIZE, LAUNCHER, FP16=0, DRY_RUN=1 (print the
 # command only).

@@ -1,5 +1,15 @@
 """Task ``rfa_stateful_lm``: RFA language models that carry their recurrent state across blocks.
 
+Training (``--burn-in-blocks N``, default 1): shuffled blocks of ``--tokens-per-sample`` tokens,
+``--batch-size`` a batch, as ``language_modeling`` takes them, each starting from the state every
+causal RFA layer builds, without gradient and with the update's random draw, over the N blocks
+before it in the text (a burn-in). Validation and ``fairseq-eval-lm`` carry the state through the
+whole split, block after block, so a model is trained for the state it is scored with, while its
+updates see the text in random order. With ``--burn-in-blocks 0`` training carries the state
+along contiguous streams instead (below); on the WikiText text of ``results/stateful_lm.py``
+successive updates then read the same few articles and generalise much worse (docs/quality.md).
+
+Streams (validation, evaluation, and training with ``--burn-in-blocks 0``):
 The text of a split is cut into blocks of ``--tokens-per-sample`` tokens exactly as fairseq's
 ``language_modeling`` task cuts it (``--sample-break-mode none``: same inputs, same targets, every
 token a target once), then laid out as ``rows x L`` contiguous streams: with ``R`` rows in all
@@ -79,11 +89,12 @@ class StatefulLMConfig(FairseqDataclass):
                           "control that tells the state's effect from the order's)"},
     )
     burn_in_blocks: int = field(
-        default=0,
+        default=1,
         metadata={"help": "train on shuffled blocks, as --task language_modeling does, each starting from the state "
                           "the model builds, without gradient, over the N blocks before it in the text (0: carry the "
-                          "state along contiguous streams). Validation and fairseq-eval-lm carry the state through "
-                          "the split either way"},
+                          "state along contiguous streams, which --stream-groups, --no-carry-state and "
+                          "--carry-positions need). Validation and fairseq-eval-lm carry the state through the split "
+                          "either way"},
     )
     carry_positions: bool = field(
         default=False,
