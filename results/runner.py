@@ -10,6 +10,9 @@ convert.py, stateful_lm.py, lra.py) that ends with ``main(sys.modules[__name__])
     prepare(a)        makes the data once, returns what run_one needs of it (a: the parsed arguments)
     run_one(variant, s, seed, data, out, a)  trains and scores one run in the folder out; returns its fields
     add_args(parser)  (optional) the study's own flags
+    rescore(variant, s, seed, data, out, a, record)  (optional) new scores of a recorded run from the
+                      checkpoints in its folder: ``--rescore`` adds them to the runs of --variants and
+                      --seeds whose folder is still there, and rewrites --out
 
 A run is (setting, variant, seed, updates): one already in --out is skipped, an interrupted one
 resumes from the checkpoint in its folder (--work/SETTING/VARIANT-seedS, -uN for an --updates
@@ -190,6 +193,9 @@ def main(spec, argv=None):
     p.add_argument("--cpu", action="store_true", help="run on the CPU where a GPU is seen")
     p.add_argument("--progress", action="store_true", help="print a line per training log entry")
     p.add_argument("--report", action="store_true", help="print the table of the recorded runs and stop")
+    if hasattr(spec, "rescore"):
+        p.add_argument("--rescore", action="store_true", help="score recorded runs again from their checkpoints "
+                       "(the spec's rescore), instead of training")
     if hasattr(spec, "add_args"):
         spec.add_args(p)
     a = p.parse_args(argv)
@@ -208,6 +214,8 @@ def main(spec, argv=None):
     a.name, a.gpu = spec.NAME, torch.cuda.is_available() and not a.cpu
     a.work.mkdir(parents=True, exist_ok=True)
     data = spec.prepare(a)
+    if getattr(a, "rescore", False):
+        return rescore(spec, s, data, a)
     for seed in a.seeds:
         for variant in a.variants:
             what = f"[{spec.NAME}] {a.setting} {variant} seed {seed}" + (f", {a.updates} updates" if a.probe else "")
@@ -225,3 +233,23 @@ def main(spec, argv=None):
                 f.write(json.dumps(record) + "\n")
             print(f"{what}: {json.dumps({k: v for k, v in record.items() if k in [m[1] for m in spec.METRICS]})}",
                   flush=True)
+
+
+def rescore(spec, s, data, a):
+    """Adds ``spec.rescore``'s fields to the recorded runs of ``a.variants`` and ``a.seeds`` whose
+    folder is still under --work (the others are left as they are), rewriting --out after each:
+    no queue may write the same --out meanwhile."""
+    records = load(a.out)
+    for r in records:
+        out = folder(a, r["variant"], r["seed"])
+        if (r["setting"], r["updates"]) != (a.setting, a.updates) or r["variant"] not in a.variants \
+                or r["seed"] not in a.seeds:
+            continue
+        if not out.is_dir():
+            print(f"[{spec.NAME}] {r['variant']} seed {r['seed']}: no folder {out}, left as recorded", flush=True)
+            continue
+        print(f"[{spec.NAME}] {a.setting} {r['variant']} seed {r['seed']}: rescoring", flush=True)
+        r.update(spec.rescore(r["variant"], s, r["seed"], data, out, a, r))
+        tmp = a.out.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(x) + "\n" for x in records))
+        tmp.replace(a.out)

@@ -57,6 +57,26 @@ def test_an_interrupted_run_resumes_in_its_folder(tmp_path):
     assert [r["variant"] for r in records(tmp_path)] == ["softmax", "rfa"]
 
 
+def test_rescore_adds_fields_to_the_chosen_runs_with_folders_and_trains_nothing(tmp_path):
+    spec, calls = stand_in(tmp_path)
+    runner.main(spec, ["--seeds", "1", "2", "--variants", "rfa", "softmax", "--cpu"])
+    (tmp_path / "work" / "small" / "rfa-seed2" / "started").unlink()
+    (tmp_path / "work" / "small" / "rfa-seed2").rmdir()  # a run whose checkpoints are gone
+    seen = []
+
+    def rescore(variant, s, seed, data, out, a, record):
+        seen.append((variant, seed, out.name, record["test"]))
+        return {"again": record["test"] + 1}
+
+    spec.rescore = rescore
+    trained = len(calls)
+    runner.main(spec, ["--rescore", "--seeds", "1", "2", "--variants", "rfa", "--cpu"])
+    assert len(calls) == trained and seen == [("rfa", 1, "rfa-seed1", 15.0)]
+    got = {(r["variant"], r["seed"]): r for r in records(tmp_path)}
+    assert len(got) == 4 and got["rfa", 1]["again"] == 16.0 and got["rfa", 1]["test"] == 15.0
+    assert all("again" not in r for k, r in got.items() if k != ("rfa", 1))
+
+
 def test_a_probe_is_kept_apart_from_the_full_run(tmp_path):
     spec, calls = stand_in(tmp_path)
     runner.main(spec, ["--updates", "2", "--variants", "rfa", "--cpu"])
