@@ -84,16 +84,17 @@ class RFAConfig(FairseqDataclass):
     )
     rfa_recompute: bool = field(
         default=False,
-        metadata={"help": "in training, keep only q, k, v of every RFA attention for the backward pass and compute "
-                          "the random features and the attention again there, also for sequences no longer than "
-                          "--rfa-recompute-segment and for cross attention (see docs/benchmarks.md)"},
+        metadata={"help": "in training, keep only the input of every causal RFA attention (q, k, v of cross "
+                          "attention) for the backward pass and compute the rest again there, also for sequences no "
+                          "longer than --rfa-recompute-segment and for cross attention (see docs/benchmarks.md)"},
     )
     rfa_recompute_segment: int = field(
         default=DEFAULT_RECOMPUTE_SEGMENT,
         metadata={"help": "in training, causal RFA takes a sequence longer than this many tokens segment by segment, "
-                          "keeping only each segment's q, k, v and entering state for the backward pass, which "
-                          "recomputes the segments one at a time: training memory grows with the length by the "
-                          "heads alone (0: no segments, every intermediate kept unless --rfa-recompute)"},
+                          "keeping only each segment's input and entering state for the backward pass, which "
+                          "recomputes the segments one at a time, projections included: training memory grows with "
+                          "the length by the input alone (0: no segments, every intermediate kept unless "
+                          "--rfa-recompute)"},
     )
 
 
