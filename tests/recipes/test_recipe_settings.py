@@ -304,7 +304,7 @@ def test_compound_splitting_follows_fairseq_convention():
 # Arrays the scripts always fill; every other array expansion must be guarded as ${A[@]+"${A[@]}"}
 # (bash < 4.4 with set -u fails on "${A[@]}" of an empty array).
 NEVER_EMPTY = {"RUN_ARGS", "TEST_SETS", "ARCHIVES", "CORPORA", "URLS", "GENERATE_FLAGS", "args", "pids", "runs",
-               "models"}
+               "models", "DOC_ARGS"}
 
 
 def test_possibly_empty_arrays_are_expanded_safely_for_bash_4_3():
