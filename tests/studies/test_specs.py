@@ -90,7 +90,10 @@ def test_a_tiny_translation_run_trains_decodes_scores_and_resumes(multi30k, tmp_
     quality.main(quality, [*common, "--updates", "2"])  # a probe: two updates
     (probe,) = runner.load(out)
     assert probe["updates"] == 2 and 0 <= probe["test_bleu"] < 100 and probe["test_tokens_per_s"] > 0
-    assert probe["s_per_update"] > 0 and probe["peak_mb"] > 100 and probe["device"] == "cpu"
+    # fairseq logs train_wall in whole seconds: two tiny updates on a fast machine can log 0 (no s_per_update)
+    assert probe["s_per_update_with_validation"] > 0
+    assert probe["s_per_update"] is None or probe["s_per_update"] > 0
+    assert probe["peak_mb"] > 100 and probe["device"] == "cpu"
     # the full run, interrupted after the probe's two updates: it resumes from that checkpoint
     full = work / "tiny" / "gate_softcross-seed1"
     full.mkdir()
