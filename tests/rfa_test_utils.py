@@ -97,6 +97,16 @@ def multi30k_bin(directory, sizes=(("train", 300), ("valid", 40), ("test", 12)),
     return directory / destdir
 
 
+def multi30k_lm_bin(directory, sizes):
+    """The first sentences of the shipped Multi30k English splits (``sizes``: split -> count), as raw
+    text in ``directory`` and binarised for language modelling in ``directory / "bin"``."""
+    for split, n in sizes:
+        head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.en.gz"), directory / f"{split}.en", n)
+    run_cli("fairseq-preprocess", "--only-source", "--trainpref", directory / "train.en", "--validpref",
+            directory / "valid.en", "--testpref", directory / "test.en", "--destdir", directory / "bin", "--workers", "1")
+    return directory / "bin"
+
+
 # the CPU features of x86-64-v3 as /proc/cpuinfo names them
 X86_64_V3_FLAGS = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe", "xsave"}
 

@@ -1,12 +1,11 @@
 """bench/decode.py: both modes at tiny sizes record what the report reads, with honest ratios."""
 import importlib.util
 import json
-import os
 
 import pytest
 
 from bench import decode, report
-from rfa_test_utils import REPO, USER_DIR, head_gz, multi30k_bin, run_cli
+from rfa_test_utils import USER_DIR, multi30k_bin, multi30k_lm_bin, run_cli
 
 TINY = ["--tiny", "--vocab", "60", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
 
@@ -179,10 +178,7 @@ def test_only_softmax_checkpoints_convert(checkpoints, tmp_path):
 def lms(tmp_path_factory):
     """Tiny transformer_lm and rfa_transformer_lm (RFA-Gate) trained on Multi30k's English side, blocks of 32 tokens."""
     d = tmp_path_factory.mktemp("lm")
-    for split, n in (("train", 200), ("valid", 8), ("test", 12)):
-        head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.en.gz"), d / f"{split}.en", n)
-    run_cli("fairseq-preprocess", "--only-source", "--trainpref", d / "train.en", "--validpref", d / "valid.en",
-            "--testpref", d / "test.en", "--destdir", d / "bin", "--workers", "1")
+    multi30k_lm_bin(d, (("train", 200), ("valid", 8), ("test", 12)))
     tiny = ["--task", "language_modeling", "--tokens-per-sample", "32", "--decoder-layers", "2", "--decoder-embed-dim", "32",
             "--decoder-ffn-embed-dim", "64", "--decoder-attention-heads", "4", "--share-decoder-input-output-embed",
             "--optimizer", "adam", "--lr", "5e-3", "--batch-size", "8", "--no-progress-bar", "--cpu", "--num-workers", "0",

@@ -1,7 +1,6 @@
 """Task rfa_stateful_lm: contiguous streams per batch row (and per rank), the state carried over
 blocks equal to one pass over their concatenation, resume, the softmax refusal, and the command
 lines (train, eval-lm with and without state, either kind of checkpoint)."""
-import os
 import re
 
 import pytest
@@ -9,7 +8,7 @@ import torch
 
 from rfa_fairseq.modules.causal_rfa_attention import CarriedState
 from rfa_fairseq.tasks.stateful_lm import causal_rfa_modules, stream_layout
-from rfa_test_utils import REPO, TINY_DECODER, USER_DIR, build_from_cli, head_gz, run_cli
+from rfa_test_utils import TINY_DECODER, USER_DIR, build_from_cli, multi30k_lm_bin, run_cli
 
 BLOCK = 16
 TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--no-progress-bar", "--log-interval", "1", "--cpu",
@@ -20,12 +19,7 @@ SMALL = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-em
 
 @pytest.fixture(scope="module")
 def lm_data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("lm")
-    for split, n in (("train", 200), ("valid", 30), ("test", 30)):
-        head_gz(os.path.join(REPO, "data", "multi30k", f"{split}.en.gz"), d / f"{split}.txt", n)
-    run_cli("fairseq-preprocess", "--only-source", "--trainpref", d / "train.txt", "--validpref", d / "valid.txt",
-            "--testpref", d / "test.txt", "--destdir", d / "bin", "--workers", "1")
-    return d / "bin"
+    return multi30k_lm_bin(tmp_path_factory.mktemp("lm"), (("train", 200), ("valid", 30), ("test", 30)))
 
 
 def stateful(data, *extra, arch="rfa_transformer_lm"):
