@@ -11,7 +11,8 @@ model, the first run's peak memory (bench/harness.py) and the incremental state'
 predicted over ``--single-run-seconds`` run once, over ``--max-seconds`` are skipped.
 ``checkpoint``: trained checkpoints on a binarised split, decoded as fairseq-generate does (its flags
 after ``--``), each run in a fresh process: generated tokens over the seconds decoding, the ratio to the
-first model, the peak memory (CUDA: max_memory_allocated; CPU: the process's peak resident set);
+first model, the peak memory (CUDA: max_memory_allocated; CPU: the process's peak resident set) and what
+decoding adds to the memory held before each batch (``decode_bytes``: caches, states, outputs);
 translation also by output length (``--bucket-edges``), with BLEU and the share of outputs equal to the
 first model's; ``--task language_modeling``: ``--prompts`` continued by exactly each of ``--lengths``
 tokens. ``--model NAME=ct2:PATH:TYPE``: CTranslate2 on the same inputs (PATH converted, or a softmax
@@ -217,14 +218,18 @@ def convert_for_ctranslate2(checkpoint, data, out_dir, source_lang=None, target_
 
 
 def measured(fn, cuda, ct2, clock):
-    """Seconds of ``fn``, the process's peak memory in it (CUDA: torch's, blind to CTranslate2; CPU: resident set)."""
+    """Seconds of ``fn``; the process's peak memory in it (CUDA: torch's, blind to CTranslate2; CPU: resident set)
+    and that peak above the memory held when ``fn`` started: what decoding itself adds (outputs, caches, states)."""
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+        start = torch.cuda.memory_allocated()
     else:
         with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+            f.write("5")  # the peak resident set starts again from the current one
+        start = harness._status_bytes("VmRSS")
     seconds = harness.timed(fn, "cuda" if cuda else "cpu", clock=clock)[0]
-    return seconds, (None if ct2 else torch.cuda.max_memory_allocated()) if cuda else harness._status_bytes("VmHWM")
+    peak = (None if ct2 else torch.cuda.max_memory_allocated()) if cuda else harness._status_bytes("VmHWM")
+    return seconds, peak, None if peak is None else max(peak - start, 0)
 
 
 def decode_checkpoint(model, argv, args, do_profile):
@@ -284,16 +289,16 @@ def decode_checkpoint(model, argv, args, do_profile):
             seed=cfg.common.seed, max_positions=limit, ignore_invalid_inputs=cfg.dataset.skip_invalid_size_inputs_valid_test,
             required_batch_size_multiple=cfg.dataset.required_batch_size_multiple).next_epoch_itr(shuffle=False))
     batches = [utils.move_to_cuda(b) if cuda else b for b in batches[:args.max_batches]]
-    parts = []  # (length or None, seconds, peak, outputs by id)
+    parts = []  # (length or None, seconds, peak, outputs by id, growth)
     with torch.no_grad():
         if not lm:  # a warm-up batch, untimed: one-time costs would otherwise land in the first batch's bucket
             translate(batches[0])
         for n in sorted(args.lengths) if lm else [None]:
             for i, b in enumerate(batches):
                 out = []
-                seconds, peak = measured(lambda: out.extend(generate(b, n) if lm else translate(b)), cuda, ct2, args.clock)
+                seconds, peak, growth = measured(lambda: out.extend(generate(b, n) if lm else translate(b)), cuda, ct2, args.clock)
                 ids = range(i * cfg.dataset.batch_size, i * cfg.dataset.batch_size + len(b)) if lm else b["id"].tolist()
-                parts.append((n, seconds, peak, dict(zip(ids, out))))
+                parts.append((n, seconds, peak, dict(zip(ids, out)), growth))
     rows = []
     for n in sorted(args.lengths) if lm else [None]:
         row = summary([p for p in parts if p[0] == n], not lm)
@@ -315,11 +320,13 @@ def decode_checkpoint(model, argv, args, do_profile):
 
 
 def summary(parts, eos):
-    """Sentences (prompts), generated tokens (translation: with </s>, as fairseq-generate counts), seconds, peak."""
+    """Sentences (prompts), generated tokens (translation: with </s>, as fairseq-generate counts), seconds, peak
+    memory, and decode_bytes: the most a batch's decoding added to the memory held before it."""
     out = dict(sorted((k, v) for p in parts for k, v in p[3].items()))
-    peaks = [p[2] for p in parts if p[2] is not None]
+    peaks, growth = [p[2] for p in parts if p[2] is not None], [p[4] for p in parts if p[4] is not None]
     return dict(sentences=len(out), tokens=sum(len(o) + eos for o in out.values()), seconds=sum(p[1] for p in parts),
-                peak_bytes=max(peaks) if peaks else None, _ids=list(out), _out=list(out.values()))
+                peak_bytes=max(peaks) if peaks else None, decode_bytes=max(growth) if growth else None,
+                _ids=list(out), _out=list(out.values()))
 
 
 def checkpoint(args):
@@ -346,9 +353,10 @@ def checkpoint(args):
     rows, pick = [], statistics.median_low if args.statistic == "median" else min
     for name, path, ct2 in args.model:
         for j, same in enumerate(zip(*runs[name])):
-            times, peaks = [r["seconds"] for r in same], [r["peak_bytes"] for r in same if r["peak_bytes"] is not None]
+            times = [r["seconds"] for r in same]
+            most = {k: max((r[k] for r in same if r[k] is not None), default=None) for k in ("peak_bytes", "decode_bytes")}
             row = dict(next(r for r in same if r["seconds"] == pick(times)), model=name, checkpoint=path, runs=len(times),
-                       times=times, peak_bytes=max(peaks) if peaks else None, engine=f"ctranslate2 {ct2}" if ct2 else "fairseq")
+                       times=times, **most, engine=f"ctranslate2 {ct2}" if ct2 else "fairseq")
             row.update(tokens_per_s=row["tokens"] / row["seconds"], sentences_per_s=row["sentences"] / row["seconds"])
             row.update(next(({"profile": r["profile"]} for r in same if "profile" in r), {}))
             first = runs[args.model[0][0]][0][j]  # outputs identical to the first model's (its first run), sentence by sentence
@@ -360,6 +368,7 @@ def checkpoint(args):
     for items, group in ((rows, ("length",)), (buckets, ("bucket",))):
         harness.add_ratios(items, rows[0]["model"], group=group)
         harness.add_ratios(items, rows[0]["model"], key="peak_bytes", field="memory_ratio", group=group)
+        harness.add_ratios(items, rows[0]["model"], key="decode_bytes", field="decode_memory_ratio", group=group)
     return rows
 
 

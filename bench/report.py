@@ -53,6 +53,9 @@ def checkpoint_table(data):
              f"{meta['memory']}.\n\n")
     columns = [("tokens/s", speed), ("peak MiB", lambda r: mib(r.get("peak_bytes"))),
                ("memory vs " + ref, lambda r: f"{r.get('memory_ratio', 0):.2f}x")]
+    if any(r.get("decode_bytes") is not None for r in rows):  # what decoding adds above the loaded model
+        columns += [("decoding MiB", lambda r: mib(r.get("decode_bytes"))),
+                    ("decoding vs " + ref, lambda r: f"{r.get('decode_memory_ratio', 0):.2f}x")]
     if "length" in rows[0]:  # language_modeling: new tokens after each prompt
         return about + by_length(rows, columns + [("same output", lambda r: f"{r.get('same_as_first', 0):.2f}")])
     buckets = [b for r in rows for b in r.get("buckets", ())]

@@ -103,6 +103,9 @@ def test_checkpoint_mode_decodes_the_split_in_fresh_processes(checkpoints, tmp_p
         assert r["sentences"] == 9 and r["tokens"] > 0 and r["runs"] == 2 and r["peak_bytes"] > 0
         assert r["tokens_per_s"] == pytest.approx(rows[0]["tokens_per_s"] * r["ratio"])
         assert r["memory_ratio"] == pytest.approx(r["peak_bytes"] / rows[0]["peak_bytes"])
+        assert 0 <= r["decode_bytes"] <= r["peak_bytes"]  # what decoding adds is part of the peak
+        if rows[0]["decode_bytes"]:
+            assert r["decode_memory_ratio"] == pytest.approx(r["decode_bytes"] / rows[0]["decode_bytes"])
         assert sum(r["profile"]["ms_per_step_by_range"].values()) == pytest.approx(r["profile"]["ms_per_step"])
     # the table recipes/*/speed.sh writes: run, sentences, ..., tokens/s, speed and memory vs the first run
     lines = [line.split(" | ") for line in report.main([str(out)]).splitlines() if line.startswith("| softmax")]
@@ -148,7 +151,7 @@ def test_buckets_add_up_to_the_totals_with_ratios_per_bucket(documents):
         assert sum(b["seconds"] for b in r["buckets"]) == pytest.approx(r["seconds"])
         for b in r["buckets"]:
             assert b["model"] == r["model"] and b["tokens_per_s"] == pytest.approx(b["tokens"] / b["seconds"])
-            assert b["peak_bytes"] <= r["peak_bytes"]
+            assert b["peak_bytes"] <= r["peak_bytes"] and b["decode_bytes"] <= r["decode_bytes"]
             if b["bucket"] in first:
                 assert b["ratio"] == pytest.approx(b["tokens_per_s"] / first[b["bucket"]]["tokens_per_s"])
                 assert b["memory_ratio"] == pytest.approx(b["peak_bytes"] / first[b["bucket"]]["peak_bytes"])
