@@ -134,6 +134,10 @@ def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_pa
                                str(out), "--cpu"])
     (record,) = runner.load(out)
     docs = work / "docs"
+    # trained on the documents and, as a second split, on the sentences, in the documents' dictionary
+    log = (work / "tiny" / "gate_softcross-seed1" / "train.log").read_text()
+    assert "mixed/bin train de-en 1333 examples" in log and "mixed/bin train1 de-en 29000 examples" in log
+    assert (docs / "mixed" / "bin" / "dict.en.txt").read_text() == (docs / "bin" / "dict.en.txt").read_text()
     lengths = [int(n) for n in (docs / "test.tgt_tokens").read_text().split()]
     assert len(lengths) == len((docs / "test.ref.en").read_text().splitlines()) > 20
     assert max(lengths) > 512 and min(lengths) <= 128, "the buckets are all filled"
