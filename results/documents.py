@@ -8,9 +8,10 @@ time. Multi30k's captions are unrelated to each other, so this tests long inputs
     python results/documents.py --variants softmax gate_softcross --seeds 1 2 3
     python results/documents.py --report
 
-Training data: the documents, and with ``sentences`` (every setting but ``screen_docs``) the sentence-level
-training set besides (fairseq's ``train1`` split, read with ``train``): a model trained on the documents alone
-at these budgets learns no alignment and writes the same few captions whatever the source (``screen_docs``).
+Training: each run first trains the setting's sentence-level recipe (results/quality.py's, in the
+documents' dictionary), then finetunes it on the documents (``finetune``: updates, warm-up, learning rate;
+``--finetune-from-model``). Trained on the documents alone (``screen_docs``) the model learns no alignment at
+these budgets: it writes the same few captions whatever the source.
 
 Scores: sacreBLEU over whole documents (separators removed, a document one segment), and by the
 reference document's length in target subwords (up to 128, 128-256, 256-512, over 512).
@@ -31,8 +32,10 @@ from score_translation import hypotheses  # noqa: E402
 from rfa_fairseq.cli.make_documents import make_documents, read_lines, split_document  # noqa: E402
 
 NAME, OUT, WORK = "documents", "results/documents_study.jsonl", "work/documents_study"
-SETTINGS = {"final": dict(quality.SETTINGS["final"], sentences=True), "screen": dict(quality.SETTINGS["screen"], sentences=True),
-            "screen_docs": dict(quality.SETTINGS["screen"], sentences=False)}
+FINETUNE = dict(updates=300, warmup=50, lr="1e-3")
+SETTINGS = {"final": dict(quality.SETTINGS["final"], finetune=dict(FINETUNE, updates=600)),
+            "screen": dict(quality.SETTINGS["screen"], finetune=FINETUNE),
+            "screen_docs": dict(quality.SETTINGS["screen"])}  # the documents alone, from scratch
 BUCKETS = [(0, 128), (128, 256), (256, 512), (512, None)]
 POSITIONS = ["--max-source-positions", "1280", "--max-target-positions", "1280"]  # the longest: 1,243 subwords
 GENERATE = []  # fairseq-generate flags after the runner's (tests shorten the outputs of untrained models)
@@ -57,23 +60,17 @@ TIME = "s_per_update_with_validation"
 def prepare(a):
     """Sentence-level Multi30k (scripts/prepare_multi30k.sh: sentencepiece, references), joined into
     documents: --work/docs/{bin, SPLIT.ref.en (a document's sentences as shipped, joined by spaces),
-    SPLIT.tgt_tokens (its length in subwords, separators included)}; docs/mixed/bin: the same with the
-    sentence-level training set as ``train1``, in the documents' dictionary."""
+    SPLIT.tgt_tokens (its length in subwords, separators included)}; docs/sentences/bin: the sentence-level
+    train and valid in the documents' dictionary, for the sentence-level stage."""
     sent, docs = quality.prepare(a), a.work / "docs"
-    if (docs / "mixed" / "bin" / "train1.de-en.en.idx").exists():
-        return docs
     if not (docs / "bin" / "dict.en.txt").exists():
         make_document_data(sent, docs)
-    mixed, tmp = docs / "mixed" / "bin", docs / "mixed" / "sentences"
-    mixed.mkdir(parents=True, exist_ok=True)
-    run([BIN / "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--workers", "1",
-         "--srcdict", docs / "bin" / "dict.de.txt", "--tgtdict", docs / "bin" / "dict.en.txt",
-         "--trainpref", sent / "train.spm", "--destdir", tmp], docs / "mixed" / "preprocess.log")
-    for f in (docs / "bin").iterdir():
-        (mixed / f.name).unlink(missing_ok=True)
-        (mixed / f.name).symlink_to(f.resolve())
-    for f in tmp.glob("train.*"):
-        f.replace(mixed / f.name.replace("train.", "train1.", 1))
+    if not (docs / "sentences" / "bin" / "valid.de-en.en.idx").exists():
+        (docs / "sentences").mkdir(exist_ok=True)
+        run([BIN / "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--workers", "1",
+             "--srcdict", docs / "bin" / "dict.de.txt", "--tgtdict", docs / "bin" / "dict.en.txt",
+             "--trainpref", sent / "train.spm", "--validpref", sent / "valid.spm", "--destdir", docs / "sentences" / "bin"],
+            docs / "sentences" / "preprocess.log")
     return docs
 
 
@@ -114,10 +111,16 @@ def score(generated: Path, refs: Path, lengths: Path) -> dict:
 
 def run_one(variant, s, seed, data, out, a) -> dict:
     base, extra = VARIANTS[variant]
-    mixed = s.get("sentences", True)  # fairseq's --upsample-primary default (-1) fails on a second training split
-    flags = quality.train_flags(base, s, seed, data / "mixed" if mixed else data) + extra + POSITIONS + (
-        ["--upsample-primary", "1"] if mixed else [])
-    record = {"flags": " ".join(quality.VARIANTS[base] + extra), **train(flags, out, s["updates"], a)}
+    flags = lambda setting, data: quality.train_flags(base, setting, seed, data) + extra + POSITIONS  # noqa: E731
+    record = {"flags": " ".join(quality.VARIANTS[base] + extra)}
+    if "finetune" in s:  # the sentence-level recipe first, in its own folder
+        (out / "sentences").mkdir(parents=True, exist_ok=True)
+        first = train(flags(s, data / "sentences"), out / "sentences", s["updates"], a)
+        record.update({f"sentences_{k}": v for k, v in first.items() if k in ("train_s", "s_per_update")})
+        record.update(train(flags(dict(s, **s["finetune"]), data) + ["--finetune-from-model", out / "sentences" /
+                                                                     "checkpoint_last.pt"], out, s["finetune"]["updates"], a))
+    else:
+        record.update(train(flags(s, data), out, s["updates"], a))
     for split in ("valid", "test"):
         # fairseq-generate (beam 4) with runner.bleu; its sentence-level score is replaced by the documents'
         r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref.en", out, a,

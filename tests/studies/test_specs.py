@@ -126,7 +126,8 @@ def test_a_tiny_conversion_reuses_the_quality_runs(multi30k, tmp_path, monkeypat
 def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_path, monkeypatch):
     """Documents built from the prepared sentences, a two-update model decoded a document a line,
     its BLEU over whole documents (separators removed) and by reference length."""
-    tiny(documents, monkeypatch, layers=1, dim=16, ffn=32, heads=2, updates=2, warmup=1)
+    tiny(documents, monkeypatch, layers=1, dim=16, ffn=32, heads=2, updates=2, warmup=1,
+         finetune=dict(updates=1, warmup=1, lr="1e-3"))
     monkeypatch.setattr(documents, "GENERATE", ["--max-len-a", "0", "--max-len-b", "12"])  # untrained: no </s>
     out, work = tmp_path / "out.jsonl", tmp_path / "work"
     shutil.copytree(multi30k / "data", work / "data")
@@ -134,10 +135,13 @@ def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_pa
                                str(out), "--cpu"])
     (record,) = runner.load(out)
     docs = work / "docs"
-    # trained on the documents and, as a second split, on the sentences, in the documents' dictionary
-    log = (work / "tiny" / "gate_softcross-seed1" / "train.log").read_text()
-    assert "mixed/bin train de-en 1333 examples" in log and "mixed/bin train1 de-en 29000 examples" in log
-    assert (docs / "mixed" / "bin" / "dict.en.txt").read_text() == (docs / "bin" / "dict.en.txt").read_text()
+    # trained on the sentences in the documents' dictionary, then finetuned on the documents
+    run = work / "tiny" / "gate_softcross-seed1"
+    assert "sentences/bin train de-en 29000 examples" in (run / "sentences" / "train.log").read_text()
+    log = (run / "train.log").read_text()
+    assert "loading pretrained model from" in log and "docs/bin train de-en 1333 examples" in log
+    assert (docs / "sentences" / "bin" / "dict.en.txt").read_text() == (docs / "bin" / "dict.en.txt").read_text()
+    assert record["sentences_train_s"] > 0 and record["train_s"] > 0
     lengths = [int(n) for n in (docs / "test.tgt_tokens").read_text().split()]
     assert len(lengths) == len((docs / "test.ref.en").read_text().splitlines()) > 20
     assert max(lengths) > 512 and min(lengths) <= 128, "the buckets are all filled"
