@@ -35,6 +35,7 @@ NAME, OUT, WORK = "documents", "results/documents_study.jsonl", "work/documents_
 FINETUNE = dict(updates=300, warmup=50, lr="1e-3")
 SETTINGS = {"final": dict(quality.SETTINGS["final"], finetune=dict(FINETUNE, updates=600)),
             "screen": dict(quality.SETTINGS["screen"], finetune=FINETUNE),
+            "screen_long": dict(quality.SETTINGS["screen"], finetune=dict(FINETUNE, updates=1200)),
             "screen_docs": dict(quality.SETTINGS["screen"])}  # the documents alone, from scratch
 BUCKETS = [(0, 128), (128, 256), (256, 512), (512, None)]
 POSITIONS = ["--max-source-positions", "1280", "--max-target-positions", "1280"]  # the longest: 1,243 subwords
