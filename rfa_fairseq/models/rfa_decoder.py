@@ -1,8 +1,11 @@
-"""The RFA decoder shared by both model families: fairseq's TransformerDecoder with RFA layers.
+"""The RFA decoder shared by both model families: fairseq's TransformerDecoder with RFA layers;
+and the translation model's softmax decoder (``--decoder-attention softmax``), fairseq's own.
 
 Only the builders are overridden (``build_decoder_layer``, ``build_self_attention``,
 ``build_encoder_attention``); fairseq's forward passes, embeddings, output projections and
 incremental-decoding protocol are used as they are. Layout: Time x Batch x Channel inside layers.
+Softmax cross attention, in either decoder, is :class:`SoftmaxCrossAttention`: fairseq's, with one
+copy of the source's keys and values per sentence in beam search.
 """
 import torch
 from fairseq.distributed import fsdp_wrap
@@ -11,15 +14,26 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from ..config import RFAConfig
-from ..modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap
+from ..modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap, SoftmaxCrossAttention
 
 # Bump when the RFA part of the state dict changes; upgrade_state_dict_named converts old ones.
 RFA_CHECKPOINT_VERSION = 1
 
 
-class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
+class SoftmaxTransformerDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer, its cross attention a :class:`SoftmaxCrossAttention` (one copy of
+    the source's keys and values per sentence in beam search; the same weights)."""
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return SoftmaxCrossAttention(  # the arguments of fairseq's builder
+            embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
+            dropout=cfg.attention_dropout, encoder_decoder_attention=True, q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size, xformers_att_config=cfg.encoder.xformers_att_config)
+
+
+class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
     """A fairseq decoder layer whose self-attention is RFA, and its cross attention RFA or, with
-    ``cross_attention="softmax"``, fairseq's own."""
+    ``cross_attention="softmax"``, fairseq's own (:class:`SoftmaxTransformerDecoderLayer`)."""
 
     def __init__(self, cfg, rfa: RFAConfig, layer_idx: int, no_encoder_attn: bool = False,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, cross_attention: str = "rfa"):
@@ -75,7 +89,24 @@ class RFATransformerDecoderLayer(TransformerDecoderLayerBase):
         )
 
 
-class RFATransformerDecoder(TransformerDecoderBase):
+class SoftmaxTransformerDecoder(TransformerDecoderBase):
+    """fairseq's transformer decoder (``--decoder-attention softmax``) with
+    :class:`SoftmaxTransformerDecoderLayer` layers. fairseq's ``set_beam_size`` tells every
+    attention module the generator's beam."""
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        layer = self.new_layer(cfg, no_encoder_attn)
+        # Same wrapping as fairseq's own decoder layers.
+        checkpoint = cfg.checkpoint_activations
+        if checkpoint:
+            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+    def new_layer(self, cfg, no_encoder_attn):
+        return SoftmaxTransformerDecoderLayer(cfg, no_encoder_attn)
+
+
+class RFATransformerDecoder(SoftmaxTransformerDecoder):
     """fairseq's transformer decoder with :class:`RFATransformerDecoderLayer` layers.
 
     Args: as ``TransformerDecoderBase`` (a ``TransformerConfig``), plus the :class:`RFAConfig` and
@@ -90,24 +121,10 @@ class RFATransformerDecoder(TransformerDecoderBase):
                          output_projection=output_projection)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
 
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = RFATransformerDecoderLayer(cfg, self.rfa, self._layers_built, no_encoder_attn,
-                                           cross_attention=self.cross_attention)
+    def new_layer(self, cfg, no_encoder_attn):
         self._layers_built += 1
-        # Same wrapping as fairseq's own decoder layers.
-        checkpoint = cfg.checkpoint_activations
-        if checkpoint:
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
-
-    def set_beam_size(self, beam_size: int):
-        """Tell the RFA attention modules how many hypotheses per sentence fairseq's generator
-        keeps (it says so only for beams above 1). fairseq's own attention modules are left at
-        beam 1, as in fairseq's transformer: their beam path cannot be called afterwards on
-        batches of other shapes."""
-        for module in self.modules():
-            if isinstance(module, (CausalRFAttention, CrossRFAttention)):
-                module.set_beam_size(beam_size)
+        return RFATransformerDecoderLayer(cfg, self.rfa, self._layers_built - 1, no_encoder_attn,
+                                          cross_attention=self.cross_attention)
 
     def buffered_future_mask(self, tensor):
         """RFA's causal attention is causal by construction; fairseq's T x T future mask would

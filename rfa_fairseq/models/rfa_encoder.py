@@ -7,13 +7,19 @@ layers; the padding mask fairseq passes to every layer (``[B, S]``, True = pad) 
 positions out of the keys, the values and LARA's landmarks.
 
 With ``--encoder-attention softmax`` (the default) the model builds fairseq's own encoder
-instead, so softmax-encoder checkpoints hold exactly the weights they always did.
+(:class:`SoftmaxTransformerEncoder`, which adds no weights), so softmax-encoder checkpoints hold
+exactly the weights they always did.
+
+Both encoders reorder their output for beam search as :class:`BeamGroupedReorder` says: without
+a copy while the generator only moves hypotheses within their sentence's beam.
 
 :class:`EncoderAttentionConfig` holds the encoder's choices (``--encoder-attention``,
 ``--encoder-feature-dim``, ``--lara-landmarks``), which the translation model and the classifier
 both have; :func:`encoder_attention_config_from` reads and checks them.
 """
 from dataclasses import dataclass, field, fields
+
+import torch
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.distributed import fsdp_wrap
@@ -76,6 +82,39 @@ def encoder_attention_config_from(args) -> EncoderAttentionConfig:
     return EncoderAttentionConfig(**values)
 
 
+class BeamGroupedReorder:
+    """``reorder_encoder_out`` for an encoder under fairseq's beam search, without the copy where
+    it would change nothing.
+
+    fairseq's SequenceGenerator repeats each source's encoder output once per hypothesis of its
+    beam, and reorders all of it after every step: ``index_select`` of the T x (B * beam) x C output
+    and of the embeddings. With long sources those copies cost more than the decoder step itself.
+    A beam's rows are copies of one row, so an order that moves every row only within its
+    sentence's group of ``beam_size`` rows leaves the output as it was: the encoder output is
+    returned as it is. An order that drops finished sentences, or anything else, is applied as
+    fairseq applies it. fairseq's own cross attention keeps its cached keys and values on the same
+    grounds (``MultiheadAttention.reorder_incremental_state``)."""
+
+    beam_size = 1
+
+    def set_beam_size(self, beam_size: int):
+        """The generator's beam (fairseq says so only for beams above 1)."""
+        self.beam_size = beam_size
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        out = encoder_out["encoder_out"]
+        if len(out) > 0 and out[0].size(1) == new_order.numel():
+            rows = torch.arange(new_order.numel(), device=new_order.device)
+            if torch.equal(torch.div(new_order, self.beam_size, rounding_mode="floor"),
+                           torch.div(rows, self.beam_size, rounding_mode="floor")):
+                return encoder_out
+        return super().reorder_encoder_out(encoder_out, new_order)
+
+
+class SoftmaxTransformerEncoder(BeamGroupedReorder, TransformerEncoderBase):
+    """fairseq's transformer encoder, reordered for beam search as :class:`BeamGroupedReorder` says."""
+
+
 class RFATransformerEncoderLayer(TransformerEncoderLayerBase):
     """A fairseq encoder layer whose self-attention is of the kind ``attention.encoder_attention``."""
 
@@ -92,7 +131,7 @@ class RFATransformerEncoderLayer(TransformerEncoderLayerBase):
         )
 
 
-class RFATransformerEncoder(TransformerEncoderBase):
+class RFATransformerEncoder(BeamGroupedReorder, TransformerEncoderBase):
     """fairseq's transformer encoder with :class:`RFATransformerEncoderLayer` layers.
 
     Args: as ``TransformerEncoderBase`` (a ``TransformerConfig``), plus the attention choices.

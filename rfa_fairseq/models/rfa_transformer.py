@@ -24,8 +24,8 @@ from omegaconf import OmegaConf
 from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
 from ..modules import CrossRFAttention
 from ..validation import divisible_heads
-from .rfa_decoder import RFATransformerDecoder
-from .rfa_encoder import RFATransformerEncoder
+from .rfa_decoder import RFATransformerDecoder, SoftmaxTransformerDecoder
+from .rfa_encoder import RFATransformerEncoder, SoftmaxTransformerEncoder
 from .translation_config import TranslationAttentionConfig, attention_config_from, fill_attention_defaults
 
 
@@ -73,23 +73,24 @@ class RFATransformerModel(TransformerModel):
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def set_beam_size(self, beam_size):
-        """Called by fairseq's SequenceGenerator (for beams above 1): see RFATransformerDecoder."""
-        if isinstance(self.decoder, RFATransformerDecoder):
-            self.decoder.set_beam_size(beam_size)
+        """Called by fairseq's SequenceGenerator (for beams above 1): see BeamGroupedReorder and
+        SoftmaxCrossAttention."""
+        self.encoder.set_beam_size(beam_size)
+        self.decoder.set_beam_size(beam_size)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
         # cfg: fairseq's TransformerConfig, which keeps the unknown (encoder_attention, ...) attributes.
         attention = attention_config_from(cfg)
         if attention.encoder_attention == "softmax":
-            return super().build_encoder(cfg, src_dict, embed_tokens)
+            return SoftmaxTransformerEncoder(cfg, src_dict, embed_tokens)
         return RFATransformerEncoder(cfg, src_dict, embed_tokens, attention)
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         attention = attention_config_from(cfg)
         if attention.decoder_attention == "softmax":
-            return super().build_decoder(cfg, tgt_dict, embed_tokens)
+            return SoftmaxTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
         # fairseq's TransformerConfig.from_namespace keeps unknown (rfa_*) attributes.
         return RFATransformerDecoder(
             cfg, tgt_dict, embed_tokens, rfa=rfa_config_from(cfg), no_encoder_attn=cfg.no_cross_attention,

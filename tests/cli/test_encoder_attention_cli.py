@@ -38,7 +38,7 @@ def test_train_generate(mt_data, tmp_path, flags, module_key):
     log = run_cli("fairseq-train", mt_data / "bin", "--user-dir", USER_DIR, "--arch", "rfa_transformer_iwslt_de_en",
                   *flags, *TINY, *TRAIN, "--max-update", "2", "--save-dir", ckpt)
     assert "RFATransformerEncoder" in log and "num_updates 2" in log
-    assert ("TransformerDecoderBase" in log) == ("softmax" in flags)
+    assert ("SoftmaxTransformerDecoder" in log) == ("softmax" in flags)
 
     state = torch.load(ckpt / "checkpoint_last.pt", map_location="cpu", weights_only=True)
     saved = state["cfg"]["model"]

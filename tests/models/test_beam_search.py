@@ -1,8 +1,12 @@
 """fairseq's SequenceGenerator over RFA: beam hypotheses re-scored by a full forward pass agree,
-and the decoding state does not grow with the output length."""
+fairseq's way of beam search with fewer copies of the source gives the same hypotheses, and the
+decoding state does not grow with the output length."""
 import pytest
 import torch
+from fairseq.models.transformer import TransformerEncoderBase
 from fairseq.sequence_generator import SequenceGenerator
+
+from rfa_fairseq.modules import SoftmaxCrossAttention
 
 from rfa_test_utils import random_tokens
 
@@ -79,8 +83,9 @@ def test_lm_beam_hypotheses_rescored_by_full_forward(lm_model, extra):
                 assert (rescored - hypo["positional_scores"]).abs().max().item() <= 1e-4
 
 
-def test_cross_state_not_copied_per_beam(translation_model):
-    task, model = translation_model()
+@pytest.mark.parametrize("cross", ["rfa", "softmax"])
+def test_cross_state_not_copied_per_beam(translation_model, cross):
+    task, model = translation_model("--cross-attention", cross, rfa_flags=False)
     model.eval()
     sample = _sample(task, batch=3)
     gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=5)
@@ -90,7 +95,8 @@ def test_cross_state_not_copied_per_beam(translation_model):
     def spy(*args, **kwargs):
         out = original(*args, **kwargs)
         inc = kwargs.get("incremental_state")
-        states.append({k: v["state"] if "state" in v else v["k"] for k, v in inc.items() if k.endswith(".cross_rfa")})
+        states.append({k: v["state"] if "state" in v else v["k"] if "k" in v else v["prev_key"] for k, v in inc.items()
+                       if k.endswith((".cross_rfa", ".attn_state"))})
         return out
 
     model.decoder.forward = spy
@@ -99,8 +105,66 @@ def test_cross_state_not_copied_per_beam(translation_model):
     first = states[0]
     assert first and all(S.shape[0] == 3 for S in first.values()), "one cross state per sentence, not per beam"
     # While no sentence has finished the generator only reorders beams within sentences:
-    # the same state tensors stay in place (no copy).
-    assert all(states[1][k] is first[k] for k in first)
+    # the state stays in place (no copy; fairseq's attention keeps views of it).
+    assert all(states[1][k].data_ptr() == first[k].data_ptr() for k in first)
+
+
+def _generate_with_copies(model, task, sample, fairseq_way=False):
+    """Beam-4 hypotheses, and how many times the encoder output was copied (fairseq's reorder run);
+    fairseq_way=True: the reference, reordering the encoder output and keeping the softmax cross
+    attention's keys and values per beam, as fairseq's transformer does."""
+    with torch.no_grad():
+        model.decoder.output_projection.weight[task.target_dictionary.eos()] *= 3.0
+    copies, original = [0], TransformerEncoderBase.reorder_encoder_out
+
+    def counted(encoder, encoder_out, new_order):
+        copies[0] += 1
+        return original(encoder, encoder_out, new_order)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(TransformerEncoderBase, "reorder_encoder_out", counted)
+        if fairseq_way:
+            m.setattr(model.encoder, "reorder_encoder_out", lambda out, order: counted(model.encoder, out, order))
+            m.setattr(SoftmaxCrossAttention, "set_beam_size", lambda self, beam: None)
+        gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=25, min_len=1)
+        with torch.no_grad():
+            return gen.forward(sample), copies[0]
+
+
+@pytest.mark.parametrize("extra", [pytest.param(["--cross-attention", "softmax"], id="softmax-encoder"),
+                                   pytest.param(["--cross-attention", "softmax", "--encoder-attention", "rfa"],
+                                                id="rfa-encoder"),
+                                   pytest.param(["--cross-attention", "rfa"], id="rfa-cross")])
+def test_beam_search_agrees_with_fairseqs_copies(translation_model, extra):
+    """Hypotheses and scores are those of fairseq's way, with the encoder output copied once to
+    expand the beams and once per step that drops finished sentences (fairseq: after every step),
+    and the softmax cross attention's keys and values kept once per sentence."""
+    sample = _sample(task := translation_model("--rfa-gate", *extra, rfa_flags=False)[0])
+    runs = []
+    for fairseq_way in (False, True):
+        model = translation_model("--rfa-gate", *extra, rfa_flags=False)[1].eval()
+        runs.append(_generate_with_copies(model, task, sample, fairseq_way))
+    (ours, copies), (reference, fairseq_copies) = runs
+    for a, b in zip(ours, reference):
+        for x, y in zip(a, b):
+            assert torch.equal(x["tokens"], y["tokens"])
+            torch.testing.assert_close(x["positional_scores"], y["positional_scores"], rtol=0, atol=1e-5)
+    assert fairseq_copies >= max(len(h["tokens"]) for nbest in reference for h in nbest)
+    assert 1 <= copies < fairseq_copies
+
+
+def test_encoder_reorder_within_beams_returns_the_output_as_is(translation_model):
+    task, model = translation_model("--cross-attention", "softmax", rfa_flags=False)
+    model.eval().set_beam_size(2)
+    sample = _sample(task, batch=2)
+    with torch.no_grad():
+        out = model.encoder(**sample["net_input"])
+    out = TransformerEncoderBase.reorder_encoder_out(model.encoder, out, torch.tensor([0, 0, 1, 1]))
+    assert model.encoder.reorder_encoder_out(out, torch.tensor([1, 0, 3, 2])) is out
+    for order in ([2, 3, 0, 1], [0, 1, 3]):  # across sentences; a finished hypothesis dropped
+        order = torch.tensor(order)
+        ours = model.encoder.reorder_encoder_out(out, order)
+        reference = TransformerEncoderBase.reorder_encoder_out(model.encoder, out, order)
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(ours.values(), reference.values()) if a)
 
 
 def _state_bytes(state):

@@ -7,8 +7,8 @@ from fairseq.models.transformer import TransformerDecoderBase, TransformerEncode
 from fairseq.modules import MultiheadAttention
 
 from rfa_fairseq.models import RFATransformerDecoder, RFATransformerModel
-from rfa_fairseq.models.rfa_encoder import RFATransformerEncoder
-from rfa_fairseq.modules import EncoderRFAttention, LARAttention
+from rfa_fairseq.models.rfa_encoder import RFATransformerEncoder, SoftmaxTransformerEncoder
+from rfa_fairseq.modules import EncoderRFAttention, LARAttention, SoftmaxCrossAttention
 from rfa_test_utils import random_tokens
 
 EXPECTED = {"rfa": EncoderRFAttention, "favor": EncoderRFAttention, "lara": LARAttention}
@@ -46,7 +46,7 @@ def test_defaults_build_a_softmax_encoder_and_the_rfa_decoder(translation_model)
     """Without the encoder and decoder choices: fairseq's own softmax encoder, the RFA decoder, and a state dict that loads strictly into a model built with
     explicit defaults."""
     task, model = translation_model()
-    assert type(model.encoder) is TransformerEncoderBase
+    assert type(model.encoder) is SoftmaxTransformerEncoder and isinstance(model.encoder, TransformerEncoderBase)
     assert isinstance(model.encoder.layers[0].self_attn, MultiheadAttention)
     assert isinstance(model.decoder, RFATransformerDecoder)
     _, explicit = translation_model("--encoder-attention", "softmax", "--decoder-attention", "rfa")
@@ -108,11 +108,22 @@ def test_bad_flags_are_refused_by_name(translation_model, extra, match):
 
 def test_softmax_cross_attention_builds_fairseqs_module(translation_model):
     """The default, --cross-attention softmax: fairseq's MultiheadAttention as cross attention
-    behind RFA self-attention, trained through (finite gradients reach the encoder)."""
+    behind RFA self-attention, trained through (finite gradients reach the encoder); a beam search's
+    beam leaves a whole target's forward as it was (fairseq's own beam path would not)."""
     task, model = translation_model("--rfa-gate", rfa_flags=False)
     assert isinstance(model.decoder, RFATransformerDecoder)
     for layer in model.decoder.layers:
-        assert type(layer.encoder_attn) is MultiheadAttention and not isinstance(layer.self_attn, MultiheadAttention)
+        assert type(layer.encoder_attn) is SoftmaxCrossAttention and not isinstance(layer.self_attn, MultiheadAttention)
+    model.eval()
+    sample = batch(task, lengths=(9, 6, 3, 5))
+    with torch.no_grad():
+        before = model(*sample)[0]
+        model.set_beam_size(2)
+        assert torch.equal(model(*sample)[0], before)
+        for layer in model.decoder.layers:
+            layer.encoder_attn.__class__ = MultiheadAttention  # fairseq's module, beam 2 set
+        assert not torch.allclose(model(*sample)[0], before)
+    model = translation_model("--rfa-gate", rfa_flags=False)[1]
     model.train()
     logits, _ = model(*batch(task))
     logits.float().logsumexp(-1).mean().backward()
@@ -127,7 +138,7 @@ def test_unknown_choice_is_refused_by_argparse(translation_model):
 
 def test_feature_dim_with_softmax_at_its_default_is_accepted(translation_model):
     _, model = translation_model("--encoder-feature-dim", "64", "--lara-landmarks", "16")
-    assert type(model.encoder) is TransformerEncoderBase
+    assert type(model.encoder) is SoftmaxTransformerEncoder  # fairseq's, with no weights added
 
 
 @pytest.mark.parametrize("kind", ["rfa", "favor", "lara"])
