@@ -15,8 +15,11 @@ the random matrices, the gate (``--rfa-gate``, ``--rfa-gate-bias``). fairseq-gen
 fairseq-eval-lm and fairseq-train --finetune-from-model read the output directly (with
 ``--user-dir rfa_fairseq``). A translation model keeps its trained cross attention (fairseq's
 softmax, the RFA decoder's default), so that only the decoder's self-attention changes;
-``--cross-attention rfa`` replaces it too (the paper's model). The optimizer state is dropped: it
-belonged to other parameters.
+``--cross-attention rfa`` replaces it too (the paper's model). ``--decoder-attention softmax``
+changes no attention at all: the same model as the plugin's ``rfa_transformer`` with fairseq's
+decoder, which decodes with the plugin's beam search (one copy of the source per sentence:
+``SoftmaxCrossAttention``, ``BeamGroupedReorder``), the same hypotheses with less memory and time
+at long sources. The optimizer state is dropped: it belonged to other parameters.
 
 The input is read with torch.load(weights_only=True) (the classes fairseq checkpoints pickle are
 allow-listed by the plugin), including legacy checkpoints whose arguments are an argparse
@@ -39,7 +42,8 @@ from omegaconf import OmegaConf, open_dict
 
 # importing the package registers the RFA models and allow-lists fairseq's checkpoint classes
 from ..config import RFA_FIELDS, RFAConfig, flag, rfa_config_from
-from ..models.translation_config import CROSS_ATTENTIONS, TranslationAttentionConfig, attention_config_from
+from ..models.translation_config import (CROSS_ATTENTIONS, DECODER_ATTENTIONS, TranslationAttentionConfig,
+                                         attention_config_from)
 
 # source model class -> the base RFA architecture for source archs with no rfa_ twin
 BASE_RFA_ARCH = {TransformerModel: "rfa_transformer", TransformerLanguageModel: "rfa_transformer_lm"}
@@ -118,10 +122,12 @@ def stand_in_task(weights, language_model: bool):
     return SimpleNamespace(source_dictionary=src, target_dictionary=tgt)
 
 
-def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | None = None):
+def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | None = None,
+            decoder_attention: str | None = None):
     """Convert a loaded softmax checkpoint; returns ``(rfa checkpoint, rfa arch, RFA-only names)``.
     A translation model's cross attention: ``cross_attention`` (default: the model's default,
-    softmax, which keeps the trained one as it is; ``"rfa"`` replaces it)."""
+    softmax, which keeps the trained one as it is; ``"rfa"`` replaces it); its decoder:
+    ``decoder_attention`` (default rfa; ``"softmax"`` keeps fairseq's decoder as it is)."""
     cfg, weights = state["cfg"], state["model"]
     source_cfg = cfg.model
     target = rfa_arch_for(source_cfg, weights)
@@ -144,10 +150,11 @@ def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | 
     for name in RFA_FIELDS:
         _set(rfa_cfg, name, getattr(rfa, name))
     if language_model:
-        if cross_attention is not None:
-            raise ConversionError("--cross-attention applies to translation models; a language model has none")
+        if cross_attention is not None or decoder_attention is not None:
+            raise ConversionError("--cross-attention and --decoder-attention apply to translation models")
     else:
         _set(rfa_cfg, "cross_attention", cross_attention or TranslationAttentionConfig().cross_attention)
+        _set(rfa_cfg, "decoder_attention", decoder_attention or TranslationAttentionConfig().decoder_attention)
         attention_config_from(rfa_cfg)  # validated against the --rfa-cross-* flags
     torch.manual_seed(seed)  # the RFA parameters' initialisation and random-matrix draws
     model = models.build_model(rfa_cfg, task, from_checkpoint=True)
@@ -195,12 +202,15 @@ def main(argv=None):
                         help="translation: the converted decoder's cross attention, softmax (the default: the "
                              "source's trained cross attention kept as it is; only the self-attention becomes RFA) "
                              "or rfa (replaced too, the paper's model)")
+    parser.add_argument("--decoder-attention", choices=DECODER_ATTENTIONS,
+                        help="translation: rfa (the default) or softmax: fairseq's decoder kept as it is, no weight "
+                             "changed, for the plugin's leaner beam search at long sources")
     gen_parser_from_dataclass(parser, RFAConfig())
     args = parser.parse_args(argv)
     try:
         state = load_checkpoint(args.input)
         checkpoint, arch, rfa_only = convert(state, {n: getattr(args, n) for n in RFA_FIELDS}, args.seed,
-                                             args.cross_attention)
+                                             args.cross_attention, args.decoder_attention)
     except ValueError as e:  # a ConversionError, or a bad --rfa-* value named by rfa_config_from
         sys.exit(f"rfa-convert-from-softmax: {args.input}: {e}")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -211,8 +221,9 @@ def main(argv=None):
     defaults = RFAConfig()
     flags = [f"--arch {arch}"] + [flag(n) if v is True else f"{flag(n)} {v}" for n in RFA_FIELDS
                                   if (v := getattr(args, n)) != getattr(defaults, n)]
-    if args.cross_attention not in (None, TranslationAttentionConfig().cross_attention):
-        flags.append(f"--cross-attention {args.cross_attention}")
+    for name in ("cross_attention", "decoder_attention"):
+        if getattr(args, name) not in (None, getattr(TranslationAttentionConfig(), name)):
+            flags.append(f"{flag(name)} {getattr(args, name)}")
     print("finetune with: fairseq-train DATA --user-dir rfa_fairseq --finetune-from-model "
           f"{args.output} {' '.join(flags)} (and the source's model dimensions)")
 

@@ -91,8 +91,24 @@ def test_cross_attention_is_kept_as_trained_unless_rfa_is_asked_for(softmax, tmp
         assert_shared_weights_copied(source["model"], out)
         assert any(".encoder_attn.feature_map" in n for n in out["model"]) == (kind == "rfa")
         assert vars(out["cfg"]["model"])["cross_attention"] == kind  # fairseq-train saved a Namespace
-    with pytest.raises(SystemExit, match="--cross-attention applies to translation models"):
+    with pytest.raises(SystemExit, match="--cross-attention and --decoder-attention apply to translation models"):
         convert(softmax["lm"], tmp_path / "lm.pt", "--cross-attention", "softmax")
+
+
+def test_softmax_decoder_kept_decodes_as_the_source(softmax, tmp_path):
+    """--decoder-attention softmax: every weight as it was and none added; fairseq-generate writes
+    the source model's hypotheses (the plugin's beam search, one copy of the source per sentence)."""
+    plugin = tmp_path / "plugin.pt"
+    out = convert(softmax["mt"], plugin, "--decoder-attention", "softmax")
+    assert set(out["model"]) == set(torch.load(softmax["mt"], weights_only=True)["model"])
+    generate = ["--beam", "4", "--batch-size", "4", "--required-batch-size-multiple", "1", "--max-len-b", "20", "--cpu"]
+    hyps = [sorted(re.findall(r"^H-(\d+)\t(\S+)\t(.*)$", run_cli("fairseq-generate", softmax["dir"] / "mt", "--user-dir",
+                                                                 USER_DIR, "--path", path, *generate), re.M))
+            for path in (softmax["mt"], plugin)]
+    assert len(hyps[0]) == 12 and [(i, text) for i, _, text in hyps[0]] == [(i, text) for i, _, text in hyps[1]]
+    assert all(abs(float(a[1]) - float(b[1])) < 1e-5 for a, b in zip(*hyps))  # summed in another order
+    with pytest.raises(SystemExit, match="--rfa-gate"):
+        convert(softmax["mt"], tmp_path / "x.pt", "--decoder-attention", "softmax", "--rfa-gate")
 
 
 def test_converted_language_model_evaluates_with_and_without_state(softmax, tmp_path):
