@@ -20,7 +20,6 @@ both have; :func:`encoder_attention_config_from` reads and checks them.
 from dataclasses import dataclass, field, fields
 
 import torch
-
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerEncoderBase
