@@ -54,6 +54,8 @@ VARIANTS = {  # (training task, flags[, what changes in the setting])
     # the fix: shuffled blocks as without state, each starting from the state of the block before it in
     # the text (built without gradient, with the update's draw)
     "rfa_gate_burnin": (STATEFUL, GATE + ["--burn-in-blocks", "1"]),
+    # a longer burn-in: the state of the two blocks before
+    "rfa_gate_burnin2": (STATEFUL, GATE + ["--burn-in-blocks", "2"]),
     # block length, the same tokens per update
     "rfa_gate_b128": ("language_modeling", GATE, dict(block=128, rows=32)),
     "rfa_gate_stateful_b128": (STATEFUL, STREAMS, dict(block=128, rows=32)),

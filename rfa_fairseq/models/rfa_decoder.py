@@ -92,7 +92,28 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
 class SoftmaxTransformerDecoder(TransformerDecoderBase):
     """fairseq's transformer decoder (``--decoder-attention softmax``) with
     :class:`SoftmaxTransformerDecoderLayer` layers. fairseq's ``set_beam_size`` tells every
-    attention module the generator's beam."""
+    attention module the generator's beam.
+
+    While decoding (with an incremental state) no layer returns its cross-attention weights unless
+    ``decoding_attention`` is set (``--decoding-attention``): fairseq's SequenceGenerator keeps
+    them for every hypothesis in a beam x source x output buffer and copies it after every step,
+    which at long sources costs as much as the step itself, for ``hypo["attention"]``, which
+    fairseq's own tools do not read. Training and scoring forwards return them as fairseq does.
+    """
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None,
+                 decoding_attention: bool = False):
+        self.decoding_attention = decoding_attention
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
+                         output_projection=output_projection)
+
+    def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                                    full_context_alignment: bool = False, alignment_layer=None,
+                                    alignment_heads=None):
+        if incremental_state is not None and alignment_layer is None and not self.decoding_attention:
+            alignment_layer = self.num_layers  # past the last layer: none returns its weights
+        return super().extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
+                                                   full_context_alignment, alignment_layer, alignment_heads)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = self.new_layer(cfg, no_encoder_attn)
@@ -109,16 +130,16 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
 class RFATransformerDecoder(SoftmaxTransformerDecoder):
     """fairseq's transformer decoder with :class:`RFATransformerDecoderLayer` layers.
 
-    Args: as ``TransformerDecoderBase`` (a ``TransformerConfig``), plus the :class:`RFAConfig` and
-    the cross attention's kind (``"rfa"`` or ``"softmax"``).
+    Args: as :class:`SoftmaxTransformerDecoder`, plus the :class:`RFAConfig` and the cross
+    attention's kind (``"rfa"`` or ``"softmax"``).
     """
 
     def __init__(self, cfg, dictionary, embed_tokens, rfa: RFAConfig, no_encoder_attn=False,
-                 output_projection=None, cross_attention: str = "rfa"):
+                 output_projection=None, cross_attention: str = "rfa", decoding_attention: bool = False):
         self.rfa, self.cross_attention = rfa, cross_attention
         self._layers_built = 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
-                         output_projection=output_projection)
+                         output_projection=output_projection, decoding_attention=decoding_attention)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
 
     def new_layer(self, cfg, no_encoder_attn):

@@ -90,11 +90,12 @@ class RFATransformerModel(TransformerModel):
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         attention = attention_config_from(cfg)
         if attention.decoder_attention == "softmax":
-            return SoftmaxTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
+            return SoftmaxTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention,
+                                             decoding_attention=attention.decoding_attention)
         # fairseq's TransformerConfig.from_namespace keeps unknown (rfa_*) attributes.
         return RFATransformerDecoder(
             cfg, tgt_dict, embed_tokens, rfa=rfa_config_from(cfg), no_encoder_attn=cfg.no_cross_attention,
-            cross_attention=attention.cross_attention,
+            cross_attention=attention.cross_attention, decoding_attention=attention.decoding_attention,
         )
 
 

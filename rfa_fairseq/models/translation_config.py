@@ -34,6 +34,14 @@ class TranslationAttentionConfig(EncoderAttentionConfig):
                           "cost per step grows with the source length, not the output length; the better BLEU, see "
                           "docs/quality.md) or rfa (the paper's: random features, a source summary of fixed size)"},
     )
+    decoding_attention: bool = field(
+        default=False,
+        metadata={"help": "return the last decoder layer's cross-attention weights in every decoding step, as fairseq's "
+                          "transformer does, for the SequenceGenerator's hypo['attention']. Off by default: the generator "
+                          "keeps a copy of them for every hypothesis, a beam x source x output buffer that it reorders "
+                          "after every step, which at long inputs costs as much time as the decoder. fairseq-generate "
+                          "--print-alignment does not need them (it aligns in a pass of its own)"},
+    )
 
 
 ATTENTION_FIELDS = tuple(f.name for f in fields(TranslationAttentionConfig))
@@ -65,4 +73,5 @@ def attention_config_from(args) -> TranslationAttentionConfig:
     if values["cross_attention"] == "softmax":
         refuse_changed(args, RFA_CROSS_FIELDS, "RFA cross attention",
                        "with --cross-attention softmax (the default) the cross attention is fairseq's own")
+    values["decoding_attention"] = bool(getattr(args, "decoding_attention", None))
     return TranslationAttentionConfig(**{name: getattr(encoder, name) for name in ENCODER_FIELDS}, **values)

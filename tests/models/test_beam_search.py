@@ -152,6 +152,32 @@ def test_beam_search_agrees_with_fairseqs_copies(translation_model, extra):
     assert 1 <= copies < fairseq_copies
 
 
+@pytest.mark.parametrize("extra", [pytest.param(["--cross-attention", "softmax"], id="softmax-cross"),
+                                   pytest.param(["--cross-attention", "rfa"], id="rfa-cross"),
+                                   pytest.param(["--decoder-attention", "softmax"], id="softmax-decoder")])
+def test_decoding_attention_only_when_asked(translation_model, extra):
+    """Decoding returns no cross-attention weights by default (the generator then keeps none:
+    hypo["attention"] is empty) and writes the same hypotheses; with --decoding-attention,
+    hypo["attention"] is fairseq's: the last layer's weights, as a full forward gives them."""
+    flags = (["--rfa-gate"] if "--decoder-attention" not in extra else []) + extra
+    sample = _sample(task := translation_model(*flags, rfa_flags=False)[0])
+    runs = {}
+    for asked in (False, True):
+        model = translation_model(*flags, *(["--decoding-attention"] if asked else []), rfa_flags=False)[1].eval()
+        runs[asked] = _generate_with_copies(model, task, sample)[0]
+    for row, (plain, attended) in enumerate(zip(runs[False], runs[True])):
+        for x, y in zip(plain, attended):
+            assert torch.equal(x["tokens"], y["tokens"])
+            torch.testing.assert_close(x["positional_scores"], y["positional_scores"], rtol=0, atol=1e-5)
+            assert x["attention"].numel() == 0
+            tokens = y["tokens"].unsqueeze(0)
+            prev = torch.cat([tokens.new_tensor([[task.target_dictionary.eos()]]), tokens[:, :-1]], dim=1)
+            with torch.no_grad():
+                _, out = model(sample["net_input"]["src_tokens"][row : row + 1],
+                               sample["net_input"]["src_lengths"][row : row + 1], prev)
+            torch.testing.assert_close(y["attention"].t(), out["attn"][0][0], rtol=0, atol=1e-5)
+
+
 def test_encoder_reorder_within_beams_returns_the_output_as_is(translation_model):
     task, model = translation_model("--cross-attention", "softmax", rfa_flags=False)
     model.eval().set_beam_size(2)
