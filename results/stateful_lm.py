@@ -20,7 +20,7 @@ from pathlib import Path
 from runner import BIN, ROOT, eval_lm, main, run, train, valid_scores
 
 NAME, OUT, WORK = "stateful_lm", "results/stateful_lm.jsonl", "work/stateful_lm_study"
-# 16 rows of `block` tokens per update
+# 16 rows of `block` tokens per update; cutoffs: the adaptive softmax's (None: a full softmax output)
 SETTINGS = {"small": dict(layers=4, dim=256, heads=4, cutoffs="3000,10000", block=256, rows=16, updates=500,
                           warmup=100, lr="2e-3")}
 CONTEXTS = (128, 512, 2048)  # --rescore: test perplexity with this many tokens of context
@@ -61,6 +61,11 @@ VARIANTS = {  # (training task, flags[, what changes in the setting])
     "rfa_gate_stateful_b128": (STATEFUL, STREAMS, dict(block=128, rows=32)),
     "rfa_gate_b512": ("language_modeling", GATE, dict(block=512, rows=8)),
     "rfa_gate_stateful_b512": (STATEFUL, STREAMS, dict(block=512, rows=8)),
+    # a full softmax output layer instead of the adaptive one: models CTranslate2's converter takes
+    # (the softmax one), for the generation benchmark
+    "softmax_plain": ("language_modeling", ["--user-dir", "rfa_fairseq", "--arch", "transformer_lm"],
+                      dict(cutoffs=None)),
+    "rfa_gate_burnin_plain": (STATEFUL, GATE + ["--burn-in-blocks", "1"], dict(cutoffs=None)),
 }
 
 
@@ -101,7 +106,8 @@ def run_one(variant, s, seed, data, out, a) -> dict:
     s = {**s, **(changes[0] if changes else {})}
     record = train([data, "--task", task, *arch, "--decoder-layers", s["layers"], "--decoder-embed-dim", s["dim"],
                     "--decoder-ffn-embed-dim", 4 * s["dim"], "--decoder-attention-heads", s["heads"],
-                    "--adaptive-softmax-cutoff", s["cutoffs"], "--criterion", "adaptive_loss", "--dropout", "0.2",
+                    *(["--criterion", "cross_entropy"] if s["cutoffs"] is None else
+                      ["--adaptive-softmax-cutoff", s["cutoffs"], "--criterion", "adaptive_loss"]), "--dropout", "0.2",
                     "--tokens-per-sample", s["block"], "--ddp-backend", "legacy_ddp", "--optimizer", "adam",
                     "--adam-betas", "(0.9, 0.98)", "--clip-norm", "1.0", "--lr", s["lr"], "--lr-scheduler",
                     "inverse_sqrt", "--warmup-updates", s["warmup"], *rows(task, s), "--seed", seed,
@@ -114,7 +120,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
     record["train_task"], record["block"] = task, s["block"]
     ckpt, block = out / "checkpoint_best.pt", ["--tokens-per-sample", s["block"]]
     record["test_ppl_blocks"] = eval_lm(data, ckpt, out / "eval_blocks.log", a, *block, *rows("language_modeling", s))
-    if variant == "softmax":
+    if "transformer_lm" in arch:  # fairseq's softmax LM: no state to carry
         record["test_ppl_sliding"] = eval_lm(data, ckpt, out / "eval_sliding.log", a, *block,
                                              *rows("language_modeling", s), "--context-window", s["block"] // 2)
     else:

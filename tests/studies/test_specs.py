@@ -9,6 +9,7 @@ import shutil
 import sys
 
 import pytest
+import torch
 
 from rfa_test_utils import REPO
 
@@ -176,9 +177,12 @@ def test_a_tiny_stateful_lm_run(tmp_path, monkeypatch):
         (src / name).write_text(text, encoding="utf-8")
     tiny(stateful_lm, monkeypatch, layers=1, dim=32, cutoffs="200,400", block=32, updates=3, warmup=1)
     out = tmp_path / "out.jsonl"
-    stateful_lm.main(stateful_lm, ["--setting", "tiny", "--variants", "rfa_gate_stateful", "softmax", "--source",
-                                   str(src), "--work", str(tmp_path / "work"), "--out", str(out), "--cpu"])
-    stateful, softmax = runner.load(out)
+    stateful_lm.main(stateful_lm, ["--setting", "tiny", "--variants", "rfa_gate_stateful", "softmax", "softmax_plain",
+                                   "--source", str(src), "--work", str(tmp_path / "work"), "--out", str(out), "--cpu"])
+    stateful, softmax, plain = runner.load(out)
+    assert 1 < plain["test_ppl_blocks"] < 1e4  # a full softmax output layer: the cross_entropy criterion
+    assert "adaptive_softmax" not in str(torch.load(tmp_path / "work/tiny/softmax_plain-seed1/checkpoint_best.pt",
+                                                    weights_only=False)["model"].keys())
     assert stateful["train_task"] == "rfa_stateful_lm" and 1 < stateful["test_ppl_stateful"] < 1e4
     assert 1 < stateful["test_ppl_blocks"] < 1e4 and 1 <= stateful["best_update"] <= 3
     assert 1 < softmax["test_ppl_sliding"] < 1e4 and "test_ppl_stateful" not in softmax
