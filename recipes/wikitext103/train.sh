@@ -23,8 +23,8 @@
 #
 # STATEFUL=1 (RFA variants): --task rfa_stateful_lm instead of language_modeling. Each GPU's batch
 # is --batch-size MAX_TOKENS / 512 rows (the same tokens per update) of shuffled blocks, each block
-# starting from the state (S, z) every layer builds, without gradient, over the block before it in
-# the text (the task's --burn-in-blocks 1); evaluate.sh carries the state through the whole split.
+# starting from the state (S, z) every layer builds, without gradient, over the two blocks before it
+# in the text (the task's --burn-in-blocks 2); evaluate.sh carries the state through the whole split.
 # Environment: SIZE, STATEFUL, RUN (run name, default VARIANT, VARIANT.small with SIZE=small), MAX_UPDATE,
 # WARMUP, MAX_TOKENS, UPDATE_FREQ, SEED, WORLD_SIZE, LAUNCHER, FP16=0, DRY_RUN=1 (print the
 # command only).

@@ -1,6 +1,6 @@
 """Task ``rfa_stateful_lm``: RFA language models that carry their recurrent state across blocks.
 
-Training (``--burn-in-blocks N``, default 1): shuffled blocks of ``--tokens-per-sample`` tokens,
+Training (``--burn-in-blocks N``, default 2): shuffled blocks of ``--tokens-per-sample`` tokens,
 ``--batch-size`` a batch, as ``language_modeling`` takes them, each starting from the state every
 causal RFA layer builds, without gradient and with the update's random draw, over the N blocks
 before it in the text (a burn-in). Validation and ``fairseq-eval-lm`` carry the state through the
@@ -89,7 +89,7 @@ class StatefulLMConfig(FairseqDataclass):
                           "control that tells the state's effect from the order's)"},
     )
     burn_in_blocks: int = field(
-        default=1,
+        default=2,
         metadata={"help": "train on shuffled blocks, as --task language_modeling does, each starting from the state "
                           "the model builds, without gradient, over the N blocks before it in the text (0: carry the "
                           "state along contiguous streams, which --stream-groups, --no-carry-state and "
