@@ -51,14 +51,14 @@ VARIANTS = {  # (training task, flags[, what changes in the setting])
     "rfa_gate_stateful_fixed": (STATEFUL, STREAMS + ["--rfa-fixed-features"]),
     "rfa_gate_elu": ("language_modeling", GATE + ["--rfa-kernel", "elu"]),
     "rfa_gate_stateful_elu": (STATEFUL, STREAMS + ["--rfa-kernel", "elu"]),
-    # the fix: shuffled blocks as without state, each starting from the state of the block before it in
-    # the text (built without gradient, with the update's draw)
+    # the burn-in: shuffled blocks as without state, each starting from the state of the block before it
+    # in the text (built without gradient, with the update's draw)
     "rfa_gate_burnin": (STATEFUL, GATE + ["--burn-in-blocks", "1"]),
     # a gate that starts with a longer memory (sigmoid(4) = 0.98: about 55 tokens, against 8 with the default
     # bias 2), so that a carried state has something from beyond the block to give; with its stateless pair
     "rfa_gate_bias4": ("language_modeling", GATE + ["--rfa-gate-bias", "4"]),
     "rfa_gate_burnin_bias4": (STATEFUL, GATE + ["--burn-in-blocks", "1", "--rfa-gate-bias", "4"]),
-    # a longer burn-in: the state of the two blocks before
+    # the fix, the task's default: a burn-in over the two blocks before
     "rfa_gate_burnin2": (STATEFUL, GATE + ["--burn-in-blocks", "2"]),
     # block length, the same tokens per update
     "rfa_gate_b128": ("language_modeling", GATE, dict(block=128, rows=32)),
@@ -69,7 +69,7 @@ VARIANTS = {  # (training task, flags[, what changes in the setting])
     # (the softmax one), for the generation benchmark
     "softmax_plain": ("language_modeling", ["--user-dir", "rfa_fairseq", "--arch", "transformer_lm"],
                       dict(cutoffs=None)),
-    "rfa_gate_burnin_plain": (STATEFUL, GATE + ["--burn-in-blocks", "1"], dict(cutoffs=None)),
+    "rfa_gate_burnin_plain": (STATEFUL, GATE + ["--burn-in-blocks", "2"], dict(cutoffs=None)),
 }
 
 
