@@ -241,7 +241,7 @@ def decode_checkpoint(model, argv, args, do_profile):
     from fairseq import checkpoint_utils, options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    (path, ct2), lm = model, args.task == "language_modeling"
+    (path, ct2, int8), lm = model, args.task == "language_modeling"
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv + ["--path", path]))
     utils.import_user_module(cfg.common)
     utils.set_torch_seed(cfg.common.seed)
@@ -271,6 +271,9 @@ def decode_checkpoint(model, argv, args, do_profile):
         task.load_dataset(split, task_cfg=saved.task)
         net = models[0].cuda() if cuda else models[0]
         net.prepare_for_inference_(cfg)
+        if int8:
+            from rfa_fairseq.models.quantize import quantize_int8
+            quantize_int8(net)
         limit = utils.resolve_max_positions(task.max_positions(), net.max_positions())
         generator, generators = task.build_generator([net], g), {}
         for n in args.lengths if lm else ():
@@ -339,13 +342,13 @@ def checkpoint(args):
     argv += args.generate_flags
     runs, spawn, tmp, converted = {m[0]: [] for m in args.model}, multiprocessing.get_context("spawn"), tempfile.mkdtemp(), {}
     try:
-        for path in {path for _, path, ct2 in args.model if ct2 and os.path.isfile(path)}:  # checkpoints for CTranslate2
+        for path in {path for _, path, ct2, _ in args.model if ct2 and os.path.isfile(path)}:  # checkpoints for CTranslate2
             converted[path] = convert_for_ctranslate2(path, args.data, os.path.join(tmp, str(len(converted))), args.source_lang,
                                                       args.target_lang, max_positions=args.positions, user_dir=args.user_dir)
         for rep in range(args.repeats):
-            for name, path, ct2 in args.model if rep % 2 == 0 else args.model[::-1]:
+            for name, path, ct2, int8 in args.model if rep % 2 == 0 else args.model[::-1]:
                 with spawn.Pool(1) as pool:
-                    got = pool.apply(decode_checkpoint, ((converted.get(path, path) if ct2 else path, ct2), argv, args,
+                    got = pool.apply(decode_checkpoint, ((converted.get(path, path) if ct2 else path, ct2, int8), argv, args,
                                                            args.profile and rep == 0))
                 runs[name].append(got)
                 for r in got:
@@ -354,12 +357,12 @@ def checkpoint(args):
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     rows, pick = [], statistics.median_low if args.statistic == "median" else min
-    for name, path, ct2 in args.model:
+    for name, path, ct2, int8 in args.model:
         for j, same in enumerate(zip(*runs[name])):
             times = [r["seconds"] for r in same]
             most = {k: max((r[k] for r in same if r[k] is not None), default=None) for k in ("peak_bytes", "decode_bytes")}
             row = dict(next(r for r in same if r["seconds"] == pick(times)), model=name, checkpoint=path, runs=len(times),
-                       times=times, **most, engine=f"ctranslate2 {ct2}" if ct2 else "fairseq")
+                       times=times, **most, engine=f"ctranslate2 {ct2}" if ct2 else "fairseq int8" if int8 else "fairseq")
             row.update(tokens_per_s=row["tokens"] / row["seconds"], sentences_per_s=row["sentences"] / row["seconds"])
             row.update(next(({"profile": r["profile"]} for r in same if "profile" in r), {}))
             first = runs[args.model[0][0]][0][j]  # outputs identical to the first model's (its first run), sentence by sentence
@@ -377,12 +380,14 @@ def checkpoint(args):
 
 def model_spec(text):
     name, _, where = text.partition("=")
-    path, ct2 = where[4:].rpartition(":")[::2] if where.startswith("ct2:") else (where, None)
+    int8 = where.startswith("int8:")
+    path, ct2 = where[4:].rpartition(":")[::2] if where.startswith("ct2:") else (where[5 * int8:], None)
     if not name or ct2 not in (None,) + CT2_TYPES or not (os.path.isfile(path) or ct2 and os.path.isfile(f"{path}/model.bin")):
         raise argparse.ArgumentTypeError(
-            f"wants NAME=CHECKPOINT (an existing fairseq checkpoint) or NAME=ct2:PATH:COMPUTE_TYPE (PATH: a CTranslate2 "
-            f"model folder or a softmax checkpoint to convert; COMPUTE_TYPE: {', '.join(CT2_TYPES)}), got {text!r}")
-    return name, path, ct2
+            f"wants NAME=CHECKPOINT (an existing fairseq checkpoint), NAME=int8:CHECKPOINT (its linear layers in int8, "
+            f"rfa_fairseq.models.quantize) or NAME=ct2:PATH:COMPUTE_TYPE (PATH: a CTranslate2 model folder or a softmax "
+            f"checkpoint to convert; COMPUTE_TYPE: {', '.join(CT2_TYPES)}), got {text!r}")
+    return name, path, ct2, int8
 
 
 def parse_args(argv=None):
@@ -432,7 +437,7 @@ def parse_args(argv=None):
         args.positions = args.prompt_tokens + max(args.lengths) + 2 if args.task == "language_modeling" else None
         if args.bucket_edges != sorted(set(args.bucket_edges)):
             c.error(f"--bucket-edges must increase, got {args.bucket_edges}")
-        if any(ct2 for *_, ct2 in args.model) and importlib.util.find_spec("ctranslate2") is None:
+        if any(ct2 for _, _, ct2, _ in args.model) and importlib.util.find_spec("ctranslate2") is None:
             c.error("ct2 models need the optional dependency ctranslate2: pip install -e '.[bench]'")
         args.generate_flags = rest + (["--cpu"] if args.device == "cpu" and torch.cuda.is_available() else [])
         return args
@@ -451,7 +456,7 @@ def main(argv=None):
     meta = dict(harness.machine(args.device, ["decode.py"] + (sys.argv[1:] if argv is None else argv)),
                 bench=f"decode-{args.mode}", reference=rows[0]["model"], args={k: v for k, v in vars(args).items() if k != "model"})
     if args.mode == "checkpoint":
-        meta.update(models={n: f"ct2:{p}:{t}" if t else p for n, p, t in args.model}, generate_flags=args.generate_flags,
+        meta.update(models={n: f"ct2:{p}:{t}" if t else f"int8:{p}" if q else p for n, p, t, q in args.model}, generate_flags=args.generate_flags,
                     memory=rows[0]["memory"])
     if args.out:
         harness.write_json(args.out, meta, rows)

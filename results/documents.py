@@ -45,6 +45,7 @@ VARIANTS = {  # name: (results/quality.py's variant, extra flags)
     "softmax": ("softmax", []),
     "gate_softcross": ("gate_softcross", []),  # RFA-Gate behind softmax cross attention: the default
     "gate_softcross_f32": ("gate_softcross_f32", []),
+    "rfa_softcross": ("rfa_softcross", []),  # no gate: a causal state that forgets nothing
     "rfa_gate": ("rfa_gate", []),  # the paper's: RFA cross attention, gate bias 0
     "gate_cross": ("gate_bias2", []),  # RFA cross attention, the current gate
     "gate_cross256": ("gate_bias2", LATER_CROSS[:2]),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from .memory import RFA_DEFAULT as RFA_DEFAULT_MMAP_THRESHOLD
 from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
 from .ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
 from .validation import finite, flag, non_negative_int, one_of, positive_finite, positive_int
@@ -96,6 +97,15 @@ class RFAConfig(FairseqDataclass):
                           "the length by the input alone (0: no segments, every intermediate kept unless "
                           "--rfa-recompute)"},
     )
+    rfa_mmap_threshold: int = field(
+        default=RFA_DEFAULT_MMAP_THRESHOLD,
+        metadata={"help": "glibc malloc's mmap threshold in bytes, fixed for the whole process when an RFA decoder "
+                          "is built (mallopt M_MMAP_THRESHOLD): blocks this large are returned to the system when "
+                          "freed, so the resident set of CPU training follows what torch holds instead of keeping "
+                          "the free holes that RFA's many medium-sized temporaries leave in malloc's heap "
+                          "(rfa_fairseq/memory.py). 0 leaves malloc as it is, as does a MALLOC_MMAP_THRESHOLD_ "
+                          "environment variable"},
+    )
 
 
 RFA_FIELDS = tuple(f.name for f in fields(RFAConfig) if f.name.startswith("rfa_"))
@@ -134,6 +144,9 @@ def rfa_config_from(args) -> RFAConfig:
     values["rfa_cross_norm_rescale"] = bool(values["rfa_cross_norm_rescale"])
     values["rfa_recompute"] = bool(values["rfa_recompute"])
     non_negative_int(flag("rfa_recompute_segment"), values["rfa_recompute_segment"])
+    non_negative_int(flag("rfa_mmap_threshold"), values["rfa_mmap_threshold"])
+    if values["rfa_mmap_threshold"] >= 2 ** 31:
+        raise ValueError(f"{flag('rfa_mmap_threshold')} must be below 2 GiB (malloc takes an int), got {values['rfa_mmap_threshold']}")
     return RFAConfig(**values)
 
 

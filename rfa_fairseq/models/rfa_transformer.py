@@ -24,13 +24,14 @@ from omegaconf import OmegaConf
 from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
 from ..modules import CrossRFAttention
 from ..validation import divisible_heads
+from .quantize import InferenceConfig, Int8Inference
 from .rfa_decoder import RFATransformerDecoder, SoftmaxTransformerDecoder
 from .rfa_encoder import RFATransformerEncoder, SoftmaxTransformerEncoder
 from .translation_config import TranslationAttentionConfig, attention_config_from, fill_attention_defaults
 
 
 @register_model("rfa_transformer")
-class RFATransformerModel(TransformerModel):
+class RFATransformerModel(Int8Inference, TransformerModel):
     """Transformer with Random Feature Attention in the decoder (softmax encoder by default; see
     ``--encoder-attention`` and ``--decoder-attention``)."""
 
@@ -39,6 +40,7 @@ class RFATransformerModel(TransformerModel):
         super().add_args(parser)
         gen_parser_from_dataclass(parser, RFAConfig(), delete_default=True)
         gen_parser_from_dataclass(parser, TranslationAttentionConfig(), delete_default=True)
+        gen_parser_from_dataclass(parser, InferenceConfig(), delete_default=True)
 
     @classmethod
     def build_model(cls, args, task):
@@ -54,7 +56,9 @@ class RFATransformerModel(TransformerModel):
         if attention.encoder_attention != "softmax":
             divisible_heads(args.encoder_embed_dim, args.encoder_attention_heads,
                             "--encoder-embed-dim", "--encoder-attention-heads")
-        return super().build_model(args, task)
+        model = super().build_model(args, task)
+        model.int8_inference = bool(getattr(args, "int8_inference", None))
+        return model
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         # Weights with the other kind of cross attention than the model was built with (a checkpoint
@@ -103,6 +107,7 @@ class RFATransformerModel(TransformerModel):
 def rfa_base_architecture(args):
     fill_rfa_defaults(args)
     fill_attention_defaults(args)
+    args.int8_inference = bool(getattr(args, "int8_inference", None))
     base_architecture(args)
 
 

@@ -19,16 +19,17 @@ from fairseq.utils import safe_getattr
 
 from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
 from ..validation import divisible_heads
+from .quantize import InferenceConfig, Int8Inference
 from .rfa_decoder import RFATransformerDecoder
 
 
 @dataclass
-class RFATransformerLanguageModelConfig(TransformerLanguageModelConfig, RFAConfig):
+class RFATransformerLanguageModelConfig(TransformerLanguageModelConfig, RFAConfig, InferenceConfig):
     pass
 
 
 @register_model("rfa_transformer_lm", dataclass=RFATransformerLanguageModelConfig)
-class RFATransformerLanguageModel(TransformerLanguageModel):
+class RFATransformerLanguageModel(Int8Inference, TransformerLanguageModel):
     """Decoder-only transformer LM whose self-attention is causal RFA / RFA-Gate."""
 
     @classmethod
@@ -44,7 +45,9 @@ class RFATransformerLanguageModel(TransformerLanguageModel):
             TransformerConfig.from_namespace(args), task.target_dictionary, cls.build_lm_input_embedding(args, task),
             rfa=rfa, no_encoder_attn=True,
         )
-        return cls(decoder)
+        model = cls(decoder)
+        model.int8_inference = bool(safe_getattr(args, "int8_inference", False))
+        return model
 
     def set_beam_size(self, beam_size):
         """Called by fairseq's SequenceGenerator (for beams above 1): see RFATransformerDecoder."""

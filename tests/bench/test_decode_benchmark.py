@@ -114,6 +114,7 @@ def test_checkpoint_mode_decodes_the_split_in_fresh_processes(checkpoints, tmp_p
 
 @pytest.mark.parametrize("argv", [
     ["--model", f"a=ct2:{__file__}:int9"], ["--model", f"a={__file__}", "--task", "translation"],
+    ["--model", f"a=int8:{__file__}.missing"],
     ["--model", f"a={__file__}", "--source-lang", "de", "--target-lang", "en", "--bucket-edges", "8", "4"],
     ["--model", f"a={__file__}", "--task", "lm"]])
 def test_bad_checkpoint_flags_stop_with_an_error(argv, capsys):
@@ -201,14 +202,17 @@ def test_lm_generation_continues_every_prompt_by_exactly_each_length(lms, search
     data, paths = lms
     rows = decode.main(["checkpoint", str(data), "--task", "language_modeling", "--lengths", "40", "5", "--prompts", "3",
                         "--prompt-tokens", "6", "--threads", "1", "--model", f"softmax={paths['softmax']}",
-                        "--model", f"rfa_gate={paths['rfa_gate']}"] + ["--model", f"ct2=ct2:{paths['softmax']}:float32"] * CT2
+                        "--model", f"rfa_gate={paths['rfa_gate']}", "--model", f"softmax_int8=int8:{paths['softmax']}",
+                        "--model", f"rfa_gate_int8=int8:{paths['rfa_gate']}"]
+                       + ["--model", f"ct2=ct2:{paths['softmax']}:float32"] * CT2
                        + ["--", "--tokens-per-sample", "16", "--batch-size", "2", "--cpu"] + search)
-    models = ["softmax", "rfa_gate"] + ["ct2"] * CT2
+    models = ["softmax", "rfa_gate", "softmax_int8", "rfa_gate_int8"] + ["ct2"] * CT2
     assert [(r["model"], r["length"]) for r in rows] == [(m, n) for m in models for n in (5, 40)]
     by = {(r["model"], r["length"]): r for r in rows}
     for r in rows:
         assert r["generated"] == [r["length"]] and r["tokens"] == 3 * r["length"] and r["sentences"] == 3
         assert r["ratio"] == pytest.approx(r["tokens_per_s"] / by[("softmax", r["length"])]["tokens_per_s"])
         assert r["peak_bytes"] > 0
+    assert [by[(m, 5)]["engine"] for m in models[:4]] == ["fairseq", "fairseq", "fairseq int8", "fairseq int8"]
     if CT2 and "--sampling" not in search:  # greedy: CTranslate2 continues the prompts as fairseq does
         assert by[("ct2", 5)]["same_as_first"] == by[("ct2", 40)]["same_as_first"] == 1.0

@@ -58,6 +58,12 @@ def test_translation_train_generate_resume(mt_data):
     assert len(hyps) == 12
     assert re.search(r"Translated 12 sentences", out)
 
+    # int8 linear layers, asked for at generation time
+    out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
+                  "--beam", "4", "--max-len-b", "12", "--batch-size", "5", "--required-batch-size-multiple", "1", "--cpu",
+                  "--model-overrides", "{'int8_inference': True}")
+    assert "Translated 12 sentences" in out and "DynamicQuantizedLinear" not in out
+
     # Sources longer than the positions allowed: fairseq's own behaviour (stop with a message
     # naming the option that skips them; with it, those sentences are skipped).
     too_long = ["--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt", "--beam", "2", "--max-len-b", "5",
@@ -123,6 +129,11 @@ def test_language_model_train_and_eval_lm(tmp_path):
     assert m, out[-2000:]
     ppl = float(m.group(2))
     assert math.isfinite(ppl) and 1.0 < ppl < 10 * len(open(tmp_path / "bin" / "dict.txt").readlines())
+    out = run_cli("fairseq-eval-lm", tmp_path / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
+                  "--gen-subset", "test", "--tokens-per-sample", "64", "--max-tokens", "2048", "--cpu",
+                  "--model-overrides", "{'int8_inference': True}")
+    int8 = float(re.search(r"Perplexity: ([\d.]+)", out).group(1))
+    assert int8 != ppl and abs(int8 - ppl) < 0.05 * ppl  # quantized, and close
 
 
 def _diagnostics(data, ckpt, tmp_path, split="valid"):
