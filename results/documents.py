@@ -55,7 +55,8 @@ VARIANTS = {  # name: (results/quality.py's variant, extra flags)
 }
 DEFAULT_VARIANTS = ["softmax", "gate_softcross"]
 METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [
-    (f"test {lo}-{hi or ''}", f"test_bleu_{lo}", 2) for lo, hi in BUCKETS]
+    (f"test {lo}-{hi or ''}", f"test_bleu_{lo}", 2) for lo, hi in BUCKETS] + [
+    ("test sentences / ref, 512-", "test_sentences_512", 2), ("test repeats, 512-", "test_repeats_512", 3)]
 TIME = "s_per_update_with_validation"
 
 
@@ -96,19 +97,42 @@ def make_document_data(sent: Path, docs: Path):
          "--destdir", docs / "bin"], docs / "preprocess.log")
 
 
-def score(generated: Path, refs: Path, lengths: Path) -> dict:
-    """Document BLEU (separators removed) overall and by the reference's length in subwords."""
-    hyps = [" ".join(split_document(h)) for h in hypotheses(generated)]
+def score(generated: Path, refs: Path, lengths: Path, pieces: Path) -> dict:
+    """Document BLEU (separators removed) overall and by the reference's length in subwords; and whether
+    the output keeps its place: ``sentences``, its sentences per reference sentence (``pieces``: the
+    reference documents in subwords, separators kept), and ``repeats``, the share of its sentences that
+    repeat the sentence before them (a decoder that loses its place translates a sentence again)."""
+    outputs = [split_document(h) for h in hypotheses(generated)]
+    hyps = [" ".join(o) for o in outputs]
     ref = refs.read_text(encoding="utf-8").splitlines()
+    ref_sentences = [len(split_document(line)) for line in pieces.read_text(encoding="utf-8").splitlines()]
     sizes = [int(n) for n in lengths.read_text().split()]
     metric = sacrebleu.BLEU(force=True)
-    found = {"bleu": round(metric.corpus_score(hyps, [ref]).score, 2)}
-    for lo, hi in BUCKETS:
-        pick = [i for i, n in enumerate(sizes) if n > lo and (hi is None or n <= hi)]
-        if pick:
-            found[f"bleu_{lo}"] = round(metric.corpus_score([hyps[i] for i in pick], [[ref[i] for i in pick]]).score, 2)
+    found = {}
+    for lo, hi in [(None, None)] + BUCKETS:
+        pick = [i for i, n in enumerate(sizes) if lo is None or n > lo and (hi is None or n <= hi)]
+        if not pick:
+            continue
+        tail = "" if lo is None else f"_{lo}"
+        found[f"bleu{tail}"] = round(metric.corpus_score([hyps[i] for i in pick], [[ref[i] for i in pick]]).score, 2)
+        written = sum(len(outputs[i]) for i in pick)
+        found[f"sentences{tail}"] = round(written / sum(ref_sentences[i] for i in pick), 3)
+        found[f"repeats{tail}"] = round(sum(a == b for i in pick for a, b in zip(outputs[i], outputs[i][1:])) / written, 3)
+        if lo is not None:
             found[f"docs_{lo}"] = len(pick)
     return found
+
+
+def scores(out: Path, data: Path, split: str) -> dict:
+    """score() of a run folder's ``generate.SPLIT.out``, keys prefixed with the split."""
+    found = score(out / f"generate.{split}.out", data / f"{split}.ref.en", data / f"{split}.tgt_tokens",
+                  data / f"{split}.spm.en")
+    return {f"{split}_{k}": v for k, v in found.items()}
+
+
+def rescore(variant, s, seed, data, out, a, record) -> dict:
+    """The scores again from a recorded run's outputs (for fields score() gained since it ran)."""
+    return {k: v for split in ("valid", "test") for k, v in scores(out, data, split).items()}
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
@@ -127,8 +151,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
         # fairseq-generate (beam 4) with runner.bleu; its sentence-level score is replaced by the documents'
         r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref.en", out, a,
                  post=("--post-process", "sentencepiece", *POSITIONS, *GENERATE))
-        found = score(out / f"generate.{split}.out", data / f"{split}.ref.en", data / f"{split}.tgt_tokens")
-        record.update({f"{split}_{k}": v for k, v in found.items()}, **{f"{split}_tokens_per_s": r.get("tokens_per_s")})
+        record.update(scores(out, data, split), **{f"{split}_tokens_per_s": r.get("tokens_per_s")})
     (out / "record.json").write_text(json.dumps(record))
     return record
 

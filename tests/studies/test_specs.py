@@ -160,9 +160,23 @@ def test_document_bleu_removes_the_separators(tmp_path):
     (tmp_path / "gen").write_text("H-1\t-0.1\ta man walks<sep> a big dog\nH-0\t-0.2\tthe cat sits <sep> on the mat\n")
     (tmp_path / "ref").write_text("the cat sits on the mat\na man walks a big dog\n")
     (tmp_path / "len").write_text("100\n300\n")
-    found = documents.score(tmp_path / "gen", tmp_path / "ref", tmp_path / "len")
+    (tmp_path / "pieces").write_text("▁the ▁cat ▁sits <sep> ▁on ▁the ▁mat\n▁a ▁man ▁walks <sep> ▁a ▁big ▁dog\n")
+    found = documents.score(tmp_path / "gen", tmp_path / "ref", tmp_path / "len", tmp_path / "pieces")
     assert found["bleu"] == 100.0 and found["bleu_0"] == found["bleu_256"] == 100.0
     assert found["docs_0"] == found["docs_256"] == 1 and "docs_128" not in found
+    assert found["sentences"] == 1.0 and found["repeats"] == 0.0
+
+
+def test_documents_count_the_sentences_written_again(tmp_path):
+    """A decoder that loses its place writes a sentence again: more sentences than the reference, repeats."""
+    (tmp_path / "gen").write_text("H-0\t-0.1\ta dog runs <sep> a dog runs <sep> a dog runs <sep> a cat sits\n"
+                                  "H-1\t-0.1\ta man walks\n")
+    (tmp_path / "ref").write_text("a dog runs a cat sits\na man walks\n")
+    (tmp_path / "len").write_text("600\n50\n")
+    (tmp_path / "pieces").write_text("▁a ▁dog ▁runs <sep> ▁a ▁cat ▁sits\n▁a ▁man ▁walks\n")
+    found = documents.score(tmp_path / "gen", tmp_path / "ref", tmp_path / "len", tmp_path / "pieces")
+    assert found["sentences"] == round(5 / 3, 3) and found["repeats"] == round(2 / 5, 3)
+    assert found["sentences_512"] == 2.0 and found["repeats_512"] == 0.5 and found["repeats_0"] == 0.0
 
 
 @pytest.mark.slow
