@@ -7,6 +7,10 @@ a few rows, so the time goes to memory traffic, which int8 cuts by four. Embeddi
 feature maps, layer norms and the attention itself stay in float32. Inference on the CPU only:
 the quantized layers have no backward pass and no CUDA kernels.
 
+PyTorch 2.13 marks this API deprecated in favour of torchao, whose int8 layers are fast on the CPU
+only under ``torch.compile`` (eager, they were slower than float32 here: docs/benchmarks.md);
+when the API goes, this module is the one place to change.
+
 The models take it as ``--int8-inference``: fairseq-generate, fairseq-interactive and
 fairseq-eval-lm call the model's ``prepare_for_inference_`` after loading it, and
 :class:`Int8Inference` quantizes there.
