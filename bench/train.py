@@ -39,8 +39,8 @@ LM = {"softmax": ["--arch", "transformer_lm"], "sdpa": ["--arch", "transformer_l
       "rfa_gate_recompute": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute"],
       "rfa_keep": ["--arch", "rfa_transformer_lm", "--rfa-recompute-segment", "0"],
       "rfa_gate_keep": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute-segment", "0"],
-      # glibc malloc left adaptive (rfa_fairseq/memory.py); in one process it is process-wide: use --fresh-process
-      "rfa_gate_adaptive_malloc": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-mmap-threshold", "0"]}
+      # glibc malloc's mmap threshold fixed (rfa_fairseq/memory.py); process-wide: use --fresh-process
+      "rfa_gate_mmap4m": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-mmap-threshold", "4194304"]}
 MT = {"softmax": ["--arch", "transformer_iwslt_de_en"],
       "rfa": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa"],
       "rfa_gate": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa", "--rfa-gate"],

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, fields
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from .memory import RFA_DEFAULT as RFA_DEFAULT_MMAP_THRESHOLD
 from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
 from .ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
 from .validation import finite, flag, non_negative_int, one_of, positive_finite, positive_int
@@ -98,13 +97,14 @@ class RFAConfig(FairseqDataclass):
                           "--rfa-recompute)"},
     )
     rfa_mmap_threshold: int = field(
-        default=RFA_DEFAULT_MMAP_THRESHOLD,
+        default=0,
         metadata={"help": "glibc malloc's mmap threshold in bytes, fixed for the whole process when an RFA decoder "
-                          "is built (mallopt M_MMAP_THRESHOLD): blocks this large are returned to the system when "
-                          "freed, so the resident set of CPU training follows what torch holds instead of keeping "
-                          "the free holes that RFA's many medium-sized temporaries leave in malloc's heap "
-                          "(rfa_fairseq/memory.py). 0 leaves malloc as it is, as does a MALLOC_MMAP_THRESHOLD_ "
-                          "environment variable"},
+                          "is built (mallopt M_MMAP_THRESHOLD), e.g. 4194304: blocks this large are returned to the "
+                          "system when freed, so the resident set of CPU training follows what torch holds instead of "
+                          "keeping the free holes that RFA's many medium-sized temporaries leave in malloc's heap, at "
+                          "the cost of a page fault per page of every such block (rfa_fairseq/memory.py, "
+                          "docs/benchmarks.md). 0 (the default) leaves malloc as it is, as does a "
+                          "MALLOC_MMAP_THRESHOLD_ environment variable"},
     )
 
 

@@ -8,7 +8,9 @@ medium-sized temporaries (a segment's features and chunk states, a few MiB each)
 soon rises above them, they land in the heap, and the heap's free holes stay resident: the training
 process's resident set then exceeds what torch holds by up to 80%, and exceeds softmax's.
 A fixed threshold (``mallopt(M_MMAP_THRESHOLD)``, which also switches the adaptation off) keeps the
-resident set at what torch holds. ``--rfa-mmap-threshold`` sets it when an RFA decoder is built.
+resident set at what torch holds, but every block above it is mapped afresh and faulted in page by
+page, which costs training steps time. ``--rfa-mmap-threshold`` (off by default) sets it when an RFA
+decoder is built.
 """
 import ctypes
 import logging
@@ -18,7 +20,6 @@ import platform
 logger = logging.getLogger(__name__)
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 ENV = "MALLOC_MMAP_THRESHOLD_"  # glibc's own setting, read at startup
-RFA_DEFAULT = 4 << 20  # --rfa-mmap-threshold's default: above malloc's small blocks, below RFA's temporaries
 _set = None
 
 

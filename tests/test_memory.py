@@ -47,12 +47,12 @@ def test_zero_and_the_environment_leave_malloc_alone(monkeypatch):
     assert not memory.set_mmap_threshold(1 << 20)
 
 
-def test_building_an_rfa_decoder_fixes_the_threshold(lm_model, monkeypatch):
-    monkeypatch.delenv(memory.ENV, raising=False)
-    monkeypatch.setattr(memory, "_set", None)
+def test_building_an_rfa_decoder_passes_the_flag(lm_model, monkeypatch):
+    """The decoder hands --rfa-mmap-threshold to set_mmap_threshold (recorded here, so this test
+    process keeps malloc's adaptive threshold)."""
+    from rfa_fairseq.models import rfa_decoder
+    asked = []
+    monkeypatch.setattr(rfa_decoder, "set_mmap_threshold", asked.append)
     lm_model("--rfa-mmap-threshold", str(2 << 20))
-    assert memory._set == 2 << 20
-    monkeypatch.setattr(memory, "_set", None)
-    lm_model("--rfa-mmap-threshold", "0")
-    assert memory._set is None
-    memory.set_mmap_threshold(memory.RFA_DEFAULT)
+    lm_model()
+    assert asked == [2 << 20, 0]
