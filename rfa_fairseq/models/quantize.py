@@ -2,7 +2,7 @@
 
 PyTorch's dynamic quantization (``torch.ao.quantization.quantize_dynamic``, fbgemm kernels): every
 ``nn.Linear`` keeps its weight in int8, one scale per output row, and quantizes its input on the
-fly, row by row of the batch. At decoding's small batches a linear layer reads its whole weight for
+fly, one scale per call. At decoding's small batches a linear layer reads its whole weight for
 a few rows, so the time goes to memory traffic, which int8 cuts by four. Embeddings, the random
 feature maps, layer norms and the attention itself stay in float32. Inference on the CPU only:
 the quantized layers have no backward pass and no CUDA kernels.
