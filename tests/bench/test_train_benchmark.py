@@ -13,7 +13,7 @@ def test_sdpa_baseline_equals_fairseq_softmax_in_the_lm():
     ref, task, _ = train.build_lm(args, "softmax", 32)
     alt, _, _ = train.build_lm(args, "sdpa", 32)
     alt.load_state_dict(ref.state_dict())
-    tokens = torch.randint(task.source_dictionary.nspecial, len(task.source_dictionary), (2, 17))
+    tokens = torch.randint(task.source_dictionary.nspecial, len(task.source_dictionary), (2, 17)).to(args.device)
     with torch.no_grad():
         a, b = ref.decoder.extract_features(tokens, None)[0], alt.decoder.extract_features(tokens, None)[0]
     assert (a - b).abs().max().item() < 1e-5
@@ -22,7 +22,7 @@ def test_sdpa_baseline_equals_fairseq_softmax_in_the_lm():
 def test_sdpa_baseline_equals_fairseq_softmax_in_the_encoder():
     args = train.parse_args(["encoder"] + COMMON)
     softmax = train.encoder_module(args, "softmax")
-    x = torch.randn(13, 2, args.embed_dim)
+    x = torch.randn(13, 2, args.embed_dim).to(args.device)
     assert (softmax(x, x, x)[0] - train.SDPAAttention(softmax, causal=False)(x)[0]).abs().max().item() < 1e-5
 
 
