@@ -13,7 +13,7 @@ when the API goes, this module is the one place to change.
 
 The models take it as ``--int8-inference``: fairseq-generate, fairseq-interactive and
 fairseq-eval-lm call the model's ``prepare_for_inference_`` after loading it, and
-:class:`Int8Inference` quantizes there.
+:class:`InferenceMixin` quantizes there.
 """
 from dataclasses import dataclass, field
 
@@ -53,13 +53,18 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
 
 
-class Int8Inference:
-    """Model mixin: ``prepare_for_inference_`` quantizes (:func:`quantize_int8`) when the model was
-    built with ``--int8-inference`` (``self.int8_inference``, set by ``build_model``)."""
+class InferenceMixin:
+    """Model mixin for ``prepare_for_inference_`` (what fairseq-generate, -interactive and -eval-lm
+    call after loading): fuse every causal RFA module's input projections
+    (``CausalRFAttention.fuse_projections_``), then quantize (:func:`quantize_int8`) when the model
+    was built with ``--int8-inference`` (``self.int8_inference``, set by ``build_model``)."""
 
     int8_inference = False
 
     def prepare_for_inference_(self, cfg):
         super().prepare_for_inference_(cfg)  # fairseq's: eval mode, no training after it
+        for module in self.modules():
+            if hasattr(module, "fuse_projections_"):
+                module.fuse_projections_()
         if self.int8_inference:
             quantize_int8(self)

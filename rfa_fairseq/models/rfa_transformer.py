@@ -24,14 +24,14 @@ from omegaconf import OmegaConf
 from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
 from ..modules import CrossRFAttention
 from ..validation import divisible_heads
-from .quantize import InferenceConfig, Int8Inference
+from .quantize import InferenceConfig, InferenceMixin
 from .rfa_decoder import RFATransformerDecoder, SoftmaxTransformerDecoder
 from .rfa_encoder import RFATransformerEncoder, SoftmaxTransformerEncoder
 from .translation_config import TranslationAttentionConfig, attention_config_from, fill_attention_defaults
 
 
 @register_model("rfa_transformer")
-class RFATransformerModel(Int8Inference, TransformerModel):
+class RFATransformerModel(InferenceMixin, TransformerModel):
     """Transformer with Random Feature Attention in the decoder (softmax encoder by default; see
     ``--encoder-attention`` and ``--decoder-attention``)."""
 

@@ -19,7 +19,7 @@ from fairseq.utils import safe_getattr
 
 from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
 from ..validation import divisible_heads
-from .quantize import InferenceConfig, Int8Inference
+from .quantize import InferenceConfig, InferenceMixin
 from .rfa_decoder import RFATransformerDecoder
 
 
@@ -29,7 +29,7 @@ class RFATransformerLanguageModelConfig(TransformerLanguageModelConfig, RFAConfi
 
 
 @register_model("rfa_transformer_lm", dataclass=RFATransformerLanguageModelConfig)
-class RFATransformerLanguageModel(Int8Inference, TransformerLanguageModel):
+class RFATransformerLanguageModel(InferenceMixin, TransformerLanguageModel):
     """Decoder-only transformer LM whose self-attention is causal RFA / RFA-Gate."""
 
     @classmethod

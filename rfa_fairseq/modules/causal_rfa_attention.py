@@ -45,6 +45,19 @@ class CarriedState:
         self.random_matrix: Optional[Tensor] = None
 
 
+def _drop_fused_projection(module, state_dict, prefix, local_metadata):
+    """state_dict hook of a module with a fused ``in_proj``: its numbers are the separate layers'."""
+    for key in [k for k in state_dict if k.startswith(prefix + "in_proj.")]:
+        del state_dict[key]
+
+
+def _fused_projection_loads_through_its_views(module, incompatible_keys):
+    """load_state_dict hook, likewise: loading the separate layers writes ``in_proj`` through its views."""
+    fused = [k for k in incompatible_keys.missing_keys if k.split(".")[-2:-1] == ["in_proj"]]
+    for key in fused:
+        incompatible_keys.missing_keys.remove(key)
+
+
 class CausalRFAttention(RFAttentionBase):
     """Causal random feature attention, optionally gated (RFA-Gate).
 
@@ -85,16 +98,47 @@ class CausalRFAttention(RFAttentionBase):
             nn.init.constant_(self.gate_proj.bias, gate_bias)
         self.carry: Optional[CarriedState] = None  # set by a stateful task, see CarriedState
         self.beam_size = 1  # hypotheses per sentence: fairseq's generator says so for beams above 1
+        self.in_proj: Optional[nn.Linear] = None  # q, k, v and the gate in one layer: fuse_projections_
+
+    def _input_projections(self):
+        return [p for p in (self.q_proj, self.k_proj, self.v_proj, self.gate_proj) if p is not None]
+
+    @torch.no_grad()
+    def fuse_projections_(self):
+        """For inference: one linear layer ``in_proj`` computes q, k, v and the gate in evaluation
+        mode. A decoding step is a handful of rows, so each layer call costs about as much as its
+        weight is large plus a fixed overhead (with int8 layers, also quantizing the input): one
+        call instead of four pays the overhead once. The separate layers' parameters become views
+        of the fused ones, so the two stay one set of numbers while neither is moved to another
+        device or dtype; training mode uses the separate layers, and ``state_dict`` leaves
+        ``in_proj`` out, so checkpoints keep their keys."""
+        if self.in_proj is not None:
+            return
+        projs = self._input_projections()
+        sizes = [p.out_features for p in projs]
+        w = projs[0].weight
+        fused = nn.Linear(self.embed_dim, sum(sizes), device=w.device, dtype=w.dtype)
+        fused.weight.copy_(torch.cat([p.weight for p in projs]))
+        fused.bias.copy_(torch.cat([p.weight.new_zeros(n) if p.bias is None else p.bias for p, n in zip(projs, sizes)]))
+        for p, w_, b_ in zip(projs, fused.weight.split(sizes), fused.bias.split(sizes)):
+            p.weight = nn.Parameter(w_, requires_grad=p.weight.requires_grad)
+            if p.bias is not None:
+                p.bias = nn.Parameter(b_, requires_grad=p.bias.requires_grad)
+        self.in_proj, self.in_proj_sizes = fused, sizes
+        self.register_state_dict_post_hook(_drop_fused_projection)
+        self.register_load_state_dict_post_hook(_fused_projection_loads_through_its_views)
 
     def _heads(self, x: Tensor, key_padding_mask: Optional[Tensor]):
         """The heads ``q, k, v [B, H, T, K]`` (before the feature map), ``log g [B, H, T]`` (or
         None) and the padding ``[B, 1, T]`` (or None)."""
-        q = split_heads(self.q_proj(x), self.num_heads)
-        k = split_heads(self.k_proj(x), self.num_heads)
-        v = split_heads(self.v_proj(x), self.num_heads)
+        if self.in_proj is not None and not self.training:
+            qkvg = self.in_proj(x).split(self.in_proj_sizes, dim=-1)
+        else:
+            qkvg = [p(x) for p in self._input_projections()]
+        q, k, v = (split_heads(y, self.num_heads) for y in qkvg[:3])
         log_g = pad = None
         if self.gate_proj is not None:
-            log_g = F.logsigmoid(self.gate_proj(x).float()).permute(1, 2, 0)  # [B, H, T]
+            log_g = F.logsigmoid(qkvg[3].float()).permute(1, 2, 0)  # [B, H, T]
         if key_padding_mask is not None:
             # A padded step neither writes (k = 0) nor decays (log g = 0) the state.
             pad = key_padding_mask.to(torch.bool)[:, None, :]

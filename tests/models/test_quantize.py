@@ -7,6 +7,7 @@ from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
 from rfa_fairseq.models.quantize import quantize_int8
+from rfa_fairseq.modules import CausalRFAttention
 from rfa_test_utils import random_tokens
 
 GENERATE_CFG = Namespace(generation=Namespace(beam=4))  # what prepare_for_inference_ reads of fairseq-generate's
@@ -25,8 +26,33 @@ def test_prepare_for_inference_quantizes_every_linear_layer_only_when_asked(lm_m
     assert n > 0 and linears(model) == (n, 0)  # built as usual: training is not affected
     plain.prepare_for_inference_(GENERATE_CFG)
     model.prepare_for_inference_(GENERATE_CFG)
-    assert linears(plain) == (n, 0) and linears(model) == (0, n)
+    fused = sum(isinstance(m, CausalRFAttention) for m in model.modules())  # each adds its in_proj
+    assert fused > 0 and linears(plain) == (n + fused, 0) and linears(model) == (0, n + fused)
     assert not model.training
+
+
+@pytest.mark.parametrize("family", ["lm", "translation"])
+def test_prepare_for_inference_fuses_the_causal_projections_and_keeps_the_outputs(lm_model, translation_model, family):
+    """Every causal RFA module computes q, k, v and the gate with one layer after
+    prepare_for_inference_ (tests/modules: the module's agreement), in float32 and in int8; the
+    model's outputs stay those of the separate layers."""
+    make = lm_model if family == "lm" else translation_model
+    task, ref = make("--rfa-gate")
+    _, model = make("--rfa-gate")
+    model.load_state_dict(ref.state_dict())
+    ref.eval()
+    model.prepare_for_inference_(GENERATE_CFG)
+    attn = [m for m in model.modules() if isinstance(m, CausalRFAttention)]
+    assert attn and all(m.in_proj is not None for m in attn)
+    assert sorted(model.state_dict()) == sorted(ref.state_dict())
+    d = task.target_dictionary
+    tokens = random_tokens(d, 2, 30, torch.Generator().manual_seed(3))
+    inputs = (tokens,) if family == "lm" else (tokens, torch.full((2,), 30), tokens)
+    with torch.no_grad():
+        torch.testing.assert_close(model(*inputs)[0], ref(*inputs)[0], rtol=1e-5, atol=1e-5)
+        quantize_int8(ref)
+        quantize_int8(model)
+        torch.testing.assert_close(model(*inputs)[0], ref(*inputs)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_int8_logits_follow_float32_and_decode_as_the_full_pass(lm_model):

@@ -197,6 +197,39 @@ def test_causal_decoding_state_is_one_packed_tensor_updated_in_place(gate):
     torch.testing.assert_close(out, full[1:5], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("gate", [False, True], ids=["rfa", "gate"])
+def test_fused_input_projection_agrees_with_the_separate_layers(gate, bias):
+    """fuse_projections_ (inference): whole-sequence and step-by-step outputs and the decoding
+    state equal the separate layers'; the separate parameters are views of the fused ones (a
+    loaded state dict reaches both); state_dict keeps its keys; training uses the separate layers."""
+    torch.manual_seed(5)
+    ref = CausalRFAttention(C, H, fmap(), gate=gate, bias=bias, chunk_size=4).double().eval()
+    attn = CausalRFAttention(C, H, fmap(), gate=gate, bias=bias, chunk_size=4).double().eval()
+    attn.load_state_dict(ref.state_dict())
+    keys = sorted(attn.state_dict())
+    attn.fuse_projections_()
+    assert attn.in_proj.out_features == 3 * C + (H if gate else 0) and sorted(attn.state_dict()) == keys
+    x = torch.randn(10, 3, C, dtype=torch.float64)
+    mask = _left_pad_mask([10, 7, 3], 10)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x, key_padding_mask=mask)[0], ref(x, key_padding_mask=mask)[0],
+                                   rtol=1e-12, atol=1e-12)
+        states = {}, {}
+        for t in range(10):
+            a, b = (m(x[t : t + 1], incremental_state=s)[0] for m, s in zip((attn, ref), states))
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(attn._get_input_buffer(states[0])["state"], ref._get_input_buffer(states[1])["state"],
+                                   rtol=1e-12, atol=1e-12)
+        # one set of numbers: new weights loaded into the separate layers reach the fused one
+        other = CausalRFAttention(C, H, fmap(), gate=gate, bias=bias).double()
+        attn.load_state_dict(other.state_dict())
+        torch.testing.assert_close(attn(x)[0], other.eval()(x)[0], rtol=1e-12, atol=1e-12)
+    attn.train()
+    attn(x)[0].sum().backward()
+    assert attn.q_proj.weight.grad is not None and attn.in_proj.weight.grad is None
+
+
 def test_causal_incremental_reorder_follows_new_order():
     torch.manual_seed(3)
     attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
