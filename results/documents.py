@@ -24,7 +24,7 @@ from pathlib import Path
 import sacrebleu
 
 import quality
-from runner import BIN, ROOT, bleu, main, run, train
+from runner import ROOT, bleu, main, run, tool, train
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from score_translation import hypotheses  # noqa: E402
@@ -70,7 +70,7 @@ def prepare(a):
         make_document_data(sent, docs)
     if not (docs / "sentences" / "bin" / "valid.de-en.en.idx").exists():
         (docs / "sentences").mkdir(exist_ok=True)
-        run([BIN / "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--workers", "1",
+        run([tool("fairseq-preprocess"), "--source-lang", "de", "--target-lang", "en", "--workers", "1",
              "--srcdict", docs / "bin" / "dict.de.txt", "--tgtdict", docs / "bin" / "dict.en.txt",
              "--trainpref", sent / "train.spm", "--validpref", sent / "valid.spm", "--destdir", docs / "sentences" / "bin"],
             docs / "sentences" / "preprocess.log")
@@ -92,7 +92,7 @@ def make_document_data(sent: Path, docs: Path):
             (docs / f"{split}.ref.en").write_text("".join(" ".join(split_document(d.tgt)) + "\n" for d in text),
                                                   encoding="utf-8")
             (docs / f"{split}.tgt_tokens").write_text("".join(f"{len(d.tgt.split())}\n" for d in encoded))
-    run([BIN / "fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
+    run([tool("fairseq-preprocess"), "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
          "--workers", "1", *[f for s in ("train", "valid", "test") for f in (f"--{s}pref", docs / f"{s}.spm")],
          "--destdir", docs / "bin"], docs / "preprocess.log")
 

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,6 +34,14 @@ PY = sys.executable
 BIN = Path(PY).parent
 ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RFA_USE_CURRENT_ENV": "1",
        "PYTHONWARNINGS": "ignore"}
+
+
+def tool(name: str) -> str:
+    """The command ``name`` (fairseq-generate, ...): beside this python first, else on PATH."""
+    found = shutil.which(name, path=ENV["PATH"])
+    if found is None:
+        raise FileNotFoundError(f"{name} is neither beside {PY} nor on PATH: install fairseq into this environment")
+    return found
 
 # fairseq-train in this process (python -m fairseq_cli.train), writing its peak memory to argv[1] on the way out
 TRAIN = """
@@ -95,7 +104,7 @@ def bleu(data_bin: Path, ckpt: Path, split: str, ref: Path, out: Path, a, post=(
     print(f"[{a.name}]   fairseq-generate --beam 4: {split}", flush=True)
     gen, log = out / f"generate.{split}.out", out / f"generate.{split}.log"
     with open(gen, "w") as o, open(log, "w") as e:
-        subprocess.run([BIN / "fairseq-generate", data_bin, "--user-dir", "rfa_fairseq", "--path", ckpt, "--gen-subset",
+        subprocess.run([tool("fairseq-generate"), data_bin, "--user-dir", "rfa_fairseq", "--path", ckpt, "--gen-subset",
                         split, "--beam", "4", "--batch-size", "64", "--max-len-a", "1.2", "--max-len-b", "10",
                         "--required-batch-size-multiple", "1", *post, *([] if a.gpu else ["--cpu"])],
                        stdout=o, stderr=e, check=True, cwd=ROOT, env=ENV)
@@ -107,14 +116,14 @@ def bleu(data_bin: Path, ckpt: Path, split: str, ref: Path, out: Path, a, post=(
 
 def eval_lm(data: Path, ckpt: Path, log: Path, a, *flags) -> float:
     """Test perplexity from fairseq-eval-lm."""
-    text = run([BIN / "fairseq-eval-lm", data, "--user-dir", "rfa_fairseq", "--path", ckpt, "--gen-subset", "test",
+    text = run([tool("fairseq-eval-lm"), data, "--user-dir", "rfa_fairseq", "--path", ckpt, "--gen-subset", "test",
                 *flags, *([] if a.gpu else ["--cpu"])], log)
     return float(re.search(r"Perplexity: ([\d.]+)", text).group(1))
 
 
 def validate(data: Path, ckpt: Path, subset: str, log: Path, a, *flags) -> dict:
     """fairseq-validate's metrics on ``subset`` ({"loss": ..., "accuracy": ...})."""
-    text = run([BIN / "fairseq-validate", data, "--user-dir", "rfa_fairseq", "--path", ckpt, "--valid-subset", subset,
+    text = run([tool("fairseq-validate"), data, "--user-dir", "rfa_fairseq", "--path", ckpt, "--valid-subset", subset,
                 *flags, *([] if a.gpu else ["--cpu"])], log)
     return valid_scores(text, subset)[-1]
 

@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from runner import BIN, ROOT, eval_lm, main, run, train, valid_scores
+from runner import ROOT, eval_lm, main, run, tool, train, valid_scores
 
 NAME, OUT, WORK = "stateful_lm", "results/stateful_lm.jsonl", "work/stateful_lm_study"
 # 16 rows of `block` tokens per update; cutoffs: the adaptive softmax's (None: a full softmax output)
@@ -95,7 +95,7 @@ def prepare(a):
             split["valid" if article % 10 == 3 else "test" if article % 10 == 7 else "train"].append(line)
         for name, part in split.items():
             (text / f"{name}.tokens").write_text("".join(part), encoding="utf-8")
-        run([BIN / "fairseq-preprocess", "--only-source", "--trainpref", text / "train.tokens", "--validpref",
+        run([tool("fairseq-preprocess"), "--only-source", "--trainpref", text / "train.tokens", "--validpref",
              text / "valid.tokens", "--testpref", text / "test.tokens", "--destdir", data, "--workers", "1"],
             a.work / "preprocess.log")
     return data
