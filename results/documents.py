@@ -56,7 +56,8 @@ VARIANTS = {  # name: (results/quality.py's variant, extra flags)
 DEFAULT_VARIANTS = ["softmax", "gate_softcross"]
 METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [
     (f"test {lo}-{hi or ''}", f"test_bleu_{lo}", 2) for lo, hi in BUCKETS] + [
-    ("test sentences / ref, 512-", "test_sentences_512", 2), ("test repeats, 512-", "test_repeats_512", 3)]
+    ("test sentences / ref, 512-", "test_sentences_512", 2), ("test repeats, 512-", "test_repeats_512", 3),
+    ("test attention on its sentence, 512-", "test_align_last_512", 3)]
 TIME = "s_per_update_with_validation"
 
 
@@ -130,9 +131,62 @@ def scores(out: Path, data: Path, split: str) -> dict:
     return {f"{split}_{k}": v for k, v in found.items()}
 
 
+def sentence_share(attn, src, tgt, sep: int, pad: int):
+    """How much of each target token's cross attention falls on the source sentence it translates.
+    ``attn [B, Tt, Ts]``: the weights of the decoder position predicting ``tgt [B, Tt]`` over the
+    source ``src [B, Ts]``; sentence n is the n-th of a document (a separator ends the sentence
+    before it). Returns ``[B, Tt]`` twice: the weight on the same sentence, and that sentence's
+    share of the source's tokens (what flat attention gives); 0 at padding."""
+    def sentence(tokens, outside):
+        is_sep = (tokens == sep).long()
+        return (is_sep.cumsum(1) - is_sep).masked_fill(tokens == pad, outside)
+    same = (sentence(tgt, -1)[:, :, None] == sentence(src, -2)[:, None, :]).to(attn.dtype)
+    return (attn * same).sum(-1), same.sum(-1) / (src != pad).sum(1, keepdim=True)
+
+
+def alignment(ckpt: Path, data: Path, split: str) -> dict:
+    """Teacher-forced over ``split``, a document at a time: the mean over target tokens of
+    sentence_share for each decoder layer (``align_L``, the last ``align_last``; heads averaged) and for flat attention
+    (``align_flat``), over all documents and over those above 512 target subwords (``..._512``);
+    keys prefixed with the split."""
+    import argparse
+
+    import torch
+    from fairseq import checkpoint_utils, utils
+    utils.import_user_module(argparse.Namespace(user_dir=str(ROOT / "rfa_fairseq")))
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides={"data": str(data / "bin")})
+    model = models[0].eval()
+    task.load_dataset(split)
+    ds, sep = task.dataset(split), task.tgt_dict.index("<sep>")
+    assert task.src_dict.index("<sep>") == sep != task.tgt_dict.unk(), "documents have a <sep> in a joined dictionary"
+    sizes = [int(n) for n in (data / f"{split}.tgt_tokens").read_text().split()]
+    sums = {}
+    with torch.no_grad():
+        for i in range(len(ds)):
+            batch = ds.collater([ds[i]])
+            shares = {}
+            layers = len(model.decoder.layers)
+            for layer in range(layers):
+                attn = model(**batch["net_input"], alignment_layer=layer)[1]["attn"][0]
+                shares["align_last" if layer == layers - 1 else f"align_{layer}"], shares["align_flat"] = sentence_share(
+                    attn, batch["net_input"]["src_tokens"], batch["target"], sep, task.tgt_dict.pad())
+            for tail in ("",) + (("_512",) if sizes[i] > 512 else ()):
+                for k, v in shares.items():
+                    total, n = sums.get(k + tail, (0.0, 0))
+                    sums[k + tail] = (total + v.sum().item(), n + v.numel())
+    return {f"{split}_{k}": round(total / n, 3) for k, (total, n) in sums.items()}
+
+
 def rescore(variant, s, seed, data, out, a, record) -> dict:
-    """The scores again from a recorded run's outputs (for fields score() gained since it ran)."""
-    return {k: v for split in ("valid", "test") for k, v in scores(out, data, split).items()}
+    """The scores again from a recorded run's outputs (for fields score() gained since it ran), and
+    where its cross attention looks (alignment, from its checkpoint); nothing if the folder's outputs
+    no longer score as recorded (another run in the same folder since)."""
+    found = {k: v for split in ("valid", "test") for k, v in scores(out, data, split).items()}
+    if any(found[k] != record[k] for k in ("valid_bleu", "test_bleu") if k in record):
+        print(f"[{NAME}]   {out} holds another run's outputs ({found['valid_bleu']} / {found['test_bleu']} BLEU, "
+              f"recorded {record.get('valid_bleu')} / {record.get('test_bleu')}): left as recorded", flush=True)
+        return {}
+    return {**found, **alignment(out / "checkpoint_last.pt", data, "test")}
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
@@ -152,6 +206,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
         r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref.en", out, a,
                  post=("--post-process", "sentencepiece", *POSITIONS, *GENERATE))
         record.update(scores(out, data, split), **{f"{split}_tokens_per_s": r.get("tokens_per_s")})
+    record.update(alignment(out / "checkpoint_last.pt", data, "test"))
     (out / "record.json").write_text(json.dumps(record))
     return record
 
