@@ -11,7 +11,6 @@ earlier allocations more than on what the model needs; the allocated bytes are w
 the CPU counterpart of the CUDA figure.
 """
 import argparse
-import ctypes
 import json
 import os
 import platform
@@ -21,14 +20,10 @@ import time
 
 import torch
 
+from rfa_fairseq.memory import LIBC as _LIBC, live_bytes as _live_bytes  # glibc (or None), malloc's live bytes
+
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 STATISTICS = {"median": statistics.median, "min": min}
-try:
-    _LIBC = ctypes.CDLL("libc.so.6")
-    _LIBC.mallinfo2.restype = type("MallInfo2", (ctypes.Structure,), {"_fields_": [
-        (n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]})
-except (OSError, AttributeError):
-    _LIBC = None
 
 
 def machine(device, argv):
@@ -40,11 +35,6 @@ def machine(device, argv):
         name += f" ({os.cpu_count()} cores)"
     return {"device": name, "device_kind": device, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(argv)}
-
-
-def _live_bytes():
-    info = _LIBC.mallinfo2()
-    return info.uordblks + info.hblkhd
 
 
 class PeakMemory:

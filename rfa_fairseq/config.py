@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
+from .memory import DEFAULT_MALLOC_TRIM
 from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
 from .ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
 from .validation import finite, flag, non_negative_int, one_of, positive_finite, positive_int
@@ -106,6 +107,14 @@ class RFAConfig(FairseqDataclass):
                           "docs/benchmarks.md). 0 (the default) leaves malloc as it is, as does a "
                           "MALLOC_MMAP_THRESHOLD_ environment variable"},
     )
+    rfa_malloc_trim: int = field(
+        default=DEFAULT_MALLOC_TRIM,
+        metadata={"help": "in CPU training, return glibc malloc's free memory to the system (malloc_trim) before a "
+                          "causal RFA segment of the forward pass whenever more than this many bytes of the resident "
+                          "set are free in malloc's heap, for the whole process: the resident set then stays near what "
+                          "torch holds, at the cost of the page faults of reusing what was returned "
+                          "(rfa_fairseq/memory.py, docs/benchmarks.md). 0: never"},
+    )
 
 
 RFA_FIELDS = tuple(f.name for f in fields(RFAConfig) if f.name.startswith("rfa_"))
@@ -145,6 +154,7 @@ def rfa_config_from(args) -> RFAConfig:
     values["rfa_recompute"] = bool(values["rfa_recompute"])
     non_negative_int(flag("rfa_recompute_segment"), values["rfa_recompute_segment"])
     non_negative_int(flag("rfa_mmap_threshold"), values["rfa_mmap_threshold"])
+    non_negative_int(flag("rfa_malloc_trim"), values["rfa_malloc_trim"])
     if values["rfa_mmap_threshold"] >= 2 ** 31:
         raise ValueError(f"{flag('rfa_mmap_threshold')} must be below 2 GiB (malloc takes an int), got {values['rfa_mmap_threshold']}")
     return RFAConfig(**values)

@@ -14,7 +14,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from ..config import RFAConfig
-from ..memory import set_mmap_threshold
+from ..memory import set_malloc_trim, set_mmap_threshold
 from ..modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap, SoftmaxCrossAttention
 
 # Bump when the RFA part of the state dict changes; upgrade_state_dict_named converts old ones.
@@ -143,6 +143,7 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                          output_projection=output_projection, decoding_attention=decoding_attention)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
         set_mmap_threshold(rfa.rfa_mmap_threshold)
+        set_malloc_trim(rfa.rfa_malloc_trim)
 
     def new_layer(self, cfg, no_encoder_attn):
         self._layers_built += 1

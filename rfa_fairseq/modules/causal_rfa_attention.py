@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ..memory import trim_free_memory
 from ..ops import chunk_causal_rfa, recurrent_causal_rfa_step
 from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
 from ..ops.denominator import DEFAULT_EPS
@@ -188,12 +189,18 @@ class CausalRFAttention(RFAttentionBase):
         T = x.size(0)
         segment = self.recompute_segment or T
         if not torch.is_grad_enabled() or not (self.recompute or T > segment):
+            if torch.is_grad_enabled():
+                trim_free_memory()
             return self._segment(x, key_padding_mask, random_matrix, state, return_state)
         if random_matrix is None:
             random_matrix = self.feature_map.matrix_for_recompute()
         masks = [None] * -(-T // segment) if key_padding_mask is None else key_padding_mask.split(segment, dim=1)
         outs = []
         for x_, m_ in zip(x.split(segment, dim=0), masks):
+            # Training's peak is at the end of the forward pass, with the holes the segments' freed
+            # temporaries leave in malloc's heap; the backward pass frees more than it takes, so it
+            # is not trimmed (--rfa-malloc-trim, rfa_fairseq/memory.py).
+            trim_free_memory()
             out, state = checkpoint(self._segment, x_, m_, random_matrix, state, use_reentrant=False,
                                     preserve_rng_state=False)
             outs.append(out)
