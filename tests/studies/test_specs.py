@@ -149,7 +149,7 @@ def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_pa
     assert sum(record[f"test_docs_{lo}"] for lo, _ in documents.BUCKETS) == len(lengths)
     assert 0 <= record["test_bleu"] < 100 and all(0 <= record[f"test_bleu_{lo}"] < 100 for lo, _ in documents.BUCKETS)
     # softmax cross attention: its weight on each token's own source sentence is a share
-    assert 0 <= record["test_align_0"] <= 1 and 0 <= record["test_align_last_512"] <= 1
+    assert 0 <= record["test_align_last"] <= 1 and 0 <= record["test_align_last_512"] <= 1  # one layer: the last
     assert 0 < record["test_align_flat_512"] < record["test_align_flat"] < 1, "longer documents, more sentences"
     generated = (work / "tiny" / "gate_softcross-seed1" / "generate.test.out").read_text()
     assert generated.count("\nH-") + generated.startswith("H-") == len(lengths)
