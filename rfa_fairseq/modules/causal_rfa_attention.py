@@ -21,9 +21,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..memory import trim_free_memory
-from ..ops import chunk_causal_rfa, recurrent_causal_rfa_step
+from ..ops import chunk_causal_rfa, gaussian_recurrent_step, recurrent_causal_rfa_step
 from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
-from ..ops.denominator import DEFAULT_EPS
+from ..ops.denominator import DEFAULT_EPS, compute_dtype
 from ..validation import non_negative_int
 from .heads import merge_heads, split_heads
 from .random_feature_map import RandomFeatureMap
@@ -139,7 +139,7 @@ class CausalRFAttention(RFAttentionBase):
         q, k, v = (split_heads(y, self.num_heads) for y in qkvg[:3])
         log_g = pad = None
         if self.gate_proj is not None:
-            log_g = F.logsigmoid(qkvg[3].float()).permute(1, 2, 0)  # [B, H, T]
+            log_g = F.logsigmoid(qkvg[3].to(compute_dtype(qkvg[3]))).permute(1, 2, 0)  # [B, H, T], fp32 (fp64 for fp64)
         if key_padding_mask is not None:
             # A padded step neither writes (k = 0) nor decays (log g = 0) the state.
             pad = key_padding_mask.to(torch.bool)[:, None, :]
@@ -234,6 +234,8 @@ class CausalRFAttention(RFAttentionBase):
         T = query.size(0)
         if attn_mask is not None and tuple(attn_mask.shape[-2:]) != (T, T):
             raise ValueError(f"attn_mask must be the {T}x{T} causal mask, got shape {tuple(attn_mask.shape)}")
+        if incremental_state is not None and T == 1 and key_padding_mask is None and self._one_op_step():
+            return self.out_proj(self._decode_token(incremental_state, query)), None
         if incremental_state is not None:
             out = self._decode(incremental_state, *self._project(query, key_padding_mask))
         elif self.carry is not None:
@@ -255,6 +257,26 @@ class CausalRFAttention(RFAttentionBase):
         out, state = self._whole(x, key_padding_mask, carry.random_matrix, carry.state, return_state=True)
         carry.state = state.detach()
         return out
+
+    def _one_op_step(self) -> bool:
+        """Whether a decoding step can take :meth:`_decode_token`: at inference (the fused
+        projection, evaluation mode, no autograd) with the ``gaussian`` kernel."""
+        return (self.in_proj is not None and not self.training and not torch.is_grad_enabled()
+                and self.feature_map.kernel == "gaussian")
+
+    def _decode_token(self, incremental_state: IncrementalState, x: Tensor) -> Tensor:
+        """One token ``x [1, B, C]`` of fairseq-generate, without padding: :meth:`_decode` in
+        fewer ops (``ops.gaussian_recurrent_step``), read from the fused projection's output
+        ``[q | k | v | gate logit]`` by views. Returns ``[1, B, C]``, before ``out_proj``."""
+        B, C, H, K = x.size(1), self.embed_dim, self.num_heads, self.head_dim
+        y = self.in_proj(x[0])
+        buffer = self._get_input_buffer(incremental_state)
+        o, buffer["state"] = gaussian_recurrent_step(
+            y[:, :2 * C].view(B, 2, H, K), y[:, 2 * C:3 * C].view(B, H, K),
+            None if self.gate_proj is None else y[:, 3 * C:], buffer.get("state"),
+            self.feature_map.random_matrix, self.feature_map.sigma, eps=self.eps, convex=self.convex)
+        self._set_input_buffer(incremental_state, buffer)
+        return o.view(1, B, C)
 
     def _decode(self, incremental_state: IncrementalState, q: Tensor, k: Tensor, v: Tensor,
                 log_g: Optional[Tensor]) -> Tensor:

@@ -230,6 +230,32 @@ def test_fused_input_projection_agrees_with_the_separate_layers(gate, bias):
     assert attn.q_proj.weight.grad is not None and attn.in_proj.weight.grad is None
 
 
+@pytest.mark.parametrize("case", ["fused", "arccos", "unfused", "grad", "padding"])
+def test_inference_steps_take_the_gaussian_step_only_where_it_applies(case, monkeypatch):
+    """fairseq-generate's steps (fused projection, evaluation, no autograd, ``gaussian``, no padding)
+    take ``ops.gaussian_recurrent_step``; every other step takes the general path; both agree with
+    a whole-sequence pass (the ops test compares the two steps exactly)."""
+    import rfa_fairseq.modules.causal_rfa_attention as module
+
+    calls = []
+    step = module.gaussian_recurrent_step
+    monkeypatch.setattr(module, "gaussian_recurrent_step", lambda *a, **kw: calls.append(1) or step(*a, **kw))
+    torch.manual_seed(6)
+    attn = CausalRFAttention(C, H, fmap(kernel="arccos" if case == "arccos" else "gaussian"), gate=True).double().eval()
+    if case != "unfused":
+        attn.fuse_projections_()
+    x = torch.randn(6, 2, C, dtype=torch.float64)
+    with torch.no_grad():
+        full = attn(x)[0]
+    with torch.set_grad_enabled(case == "grad"):
+        state, outs = {}, []
+        for t in range(6):
+            mask = torch.zeros(2, 1, dtype=torch.bool) if case == "padding" else None
+            outs.append(attn(x[t : t + 1], key_padding_mask=mask, incremental_state=state)[0])
+    torch.testing.assert_close(torch.cat(outs), full, rtol=1e-9, atol=1e-10)
+    assert len(calls) == (6 if case == "fused" else 0)
+
+
 def test_causal_incremental_reorder_follows_new_order():
     torch.manual_seed(3)
     attn = CausalRFAttention(C, H, fmap(), gate=True).eval()

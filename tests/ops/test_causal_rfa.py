@@ -14,12 +14,13 @@ import torch.nn.functional as F
 from rfa_fairseq.ops import (
     chunk_causal_rfa,
     feature_map,
+    gaussian_recurrent_step,
     guarded_ratio,
     naive_causal_rfa,
     recurrent_causal_rfa_step,
     sample_random_matrix,
 )
-from rfa_fairseq.ops.denominator import DEFAULT_EPS
+from rfa_fairseq.ops.denominator import DEFAULT_EPS, count_clamped
 
 B, H = 2, 3
 
@@ -309,6 +310,50 @@ def test_recurrent_inplace_from_empty_state_does_not_alias_inputs(gen):
     with torch.no_grad():
         run_recurrent(q, k, v, None, None, inplace=True)
     assert torch.equal(k, k_before)
+
+
+@pytest.mark.parametrize("eps", [DEFAULT_EPS, 1.0], ids=["eps", "large-eps"])
+@pytest.mark.parametrize("gate", [pytest.param(None, id="plain"), pytest.param("convex", id="gate"),
+                                  pytest.param("decay", id="decay")])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+def test_gaussian_step_equals_feature_map_and_recurrent_step(gen, gate, eps, dtype):
+    """The decoder's inference step (``gaussian_recurrent_step``, from the raw heads) against its
+    reference, ``feature_map`` then ``recurrent_causal_rfa_step``: outputs and the state at every
+    step, the state updated in place, and the guard clamping the same denominators (the large
+    floor clamps many; ``gaussian`` features make some negative)."""
+    T, K, D = 12, 8, 5
+    qk = torch.randn(B, T, 2, H, K, generator=gen, dtype=dtype) * 3
+    v = torch.randn(B, T, H, K, generator=gen, dtype=dtype)
+    logit = None if gate is None else torch.randn(B, T, H, generator=gen, dtype=dtype) * 2
+    sigma = torch.rand(H, K, generator=gen, dtype=dtype) + 0.5
+    w = sample_random_matrix("orthogonal", H, D, K, gen).to(dtype)
+    rtol = 1e-10 if dtype == torch.float64 else 1e-5
+    counts = []
+    for which in ("fast", "reference"):
+        with torch.no_grad(), count_clamped() as counter:
+            state, outs, states = None, [], []
+            for t in range(T):
+                if which == "fast":
+                    before = state
+                    o, state = gaussian_recurrent_step(qk[:, t], v[:, t], None if logit is None else logit[:, t], state,
+                                                       w, sigma, eps=eps, convex=gate != "decay")
+                    assert before is None or state is before
+                else:
+                    phi = feature_map("gaussian", qk[:, t].transpose(1, 2), sigma, w)  # [B, H, 2, F]
+                    o, state = recurrent_causal_rfa_step(phi[:, :, 0], phi[:, :, 1], v[:, t],
+                                                         None if logit is None else F.logsigmoid(logit[:, t]), state,
+                                                         eps=eps, inplace=True, convex=gate != "decay")
+                outs.append(o)
+                states.append(state.clone())
+        counts.append((counter.seen, counter.clamped, counter.negative))
+        if which == "fast":
+            fast_outs, fast_states = outs, states
+    for t in range(T):
+        torch.testing.assert_close(fast_outs[t], outs[t], rtol=rtol, atol=rtol)
+        torch.testing.assert_close(fast_states[t], states[t], rtol=rtol, atol=rtol)
+    assert counts[0] == counts[1]
+    if eps > DEFAULT_EPS:
+        assert sum(counts[0][1].values()) > 0, "the test should make the guard act"
 
 
 # ------------------------------------------------------------------ the denominator guard

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
+from ..feature_maps import l2_normalize
 
 
 def recurrent_causal_rfa_step(
@@ -61,3 +62,56 @@ def recurrent_causal_rfa_step(
         state = torch.addcmul(state, kf.unsqueeze(-1), v1.unsqueeze(-2))
     o = torch.matmul(qf.unsqueeze(-2), state).squeeze(-2)  # [B, H, K + 1]: numerator | denominator
     return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype), state
+
+
+def gaussian_recurrent_step(
+    qk: Tensor,
+    v: Tensor,
+    gate_logit: Optional[Tensor],
+    state: Optional[Tensor],
+    random_matrix: Tensor,
+    sigma: Tensor,
+    eps: float = DEFAULT_EPS,
+    convex: bool = True,
+) -> Tuple[Tensor, Tensor]:
+    """One decoding step of causal RFA with the ``gaussian`` kernel (the default), from the raw
+    heads: ``feature_map`` on queries and keys, then :func:`recurrent_causal_rfa_step` in place,
+    which it equals (tests/ops/test_causal_rfa.py) in fewer ops. A decoding step's tensors are a
+    few hundred numbers, so its time is the number of ops, not their size:
+
+    - queries and keys are L2-normalised together and go through one bmm, sigma folded into the
+      random matrix (``(sigma * x) . w == x . (sigma * w)``);
+    - the features' scale ``D^-1/2`` goes into the state's write for the keys, and into the guard
+      for the queries: ``c phi(q) S / max(c phi(q) z, c eps)`` is ``phi(q) S / max(phi(q) z, eps)``;
+    - the gate comes as its logit ``l``: ``g = sigmoid(l)`` and ``1 - g = sigmoid(-l)``.
+
+    Args:
+        qk: ``[B, 2, H, K]``, the queries then the keys, before the feature map (a view of the
+            fused projection's output).
+        v: ``[B, H, K]``; gate_logit: ``[B, H]``, or None without a gate.
+        state: ``[B, H, 2 D, K + 1]`` in fp32 (fp64 for fp64 inputs), updated in place; or None.
+        random_matrix: ``[H, D, K]``; sigma: ``[H, K]``.
+    Returns:
+        ``out [B, H, K]`` (dtype of ``v``) and the state.
+    """
+    acc = compute_dtype(qk)
+    B, _, H, K = qk.shape
+    D = random_matrix.size(1)
+    qk = l2_normalize(qk.to(acc))
+    w = (random_matrix.to(acc) * sigma.to(acc).unsqueeze(1)).transpose(1, 2)  # [H, K, D]
+    proj = torch.bmm(qk.view(2 * B, H, K).transpose(0, 1), w)  # [H, 2 B, D]
+    phi = torch.cat([torch.sin(proj), torch.cos(proj)], dim=-1).view(H, B, 2, 2 * D).transpose(0, 1)  # D^1/2 phi
+    q, k = phi[:, :, :1], phi[:, :, 1]  # [B, H, 1, F], [B, H, F]
+    v1 = F.pad(v.to(acc), (0, 1), value=1.0)  # becomes [v | 1] (1 - g) D^-1/2
+    if gate_logit is not None and convex:
+        v1.mul_(torch.sigmoid(-gate_logit.to(acc)).mul_(D**-0.5).unsqueeze(-1))
+    else:
+        v1.mul_(D**-0.5)
+    if state is None:
+        state = k.unsqueeze(-1) * v1.unsqueeze(-2)
+    else:
+        if gate_logit is not None:
+            state.mul_(torch.sigmoid(gate_logit.to(acc))[..., None, None])
+        state.addcmul_(k.unsqueeze(-1), v1.unsqueeze(-2))
+    o = torch.matmul(q, state).squeeze(-2)  # D^1/2 [numerator | denominator]
+    return guarded_ratio(o[..., :-1], o[..., -1], eps * D**0.5, v.dtype), state
