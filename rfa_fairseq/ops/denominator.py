@@ -33,6 +33,12 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+def as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` in ``dtype``; ``x`` itself when it is already (cheaper than a call to ``Tensor.to``,
+    which a decoding step's few hundred numbers would notice)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def guard(den: Tensor, eps: float, absolute: bool = False) -> Tensor:
     """max(den, eps), or max(|den|, eps) with ``absolute``."""
     if _counter is not None:
@@ -43,12 +49,14 @@ def guard(den: Tensor, eps: float, absolute: bool = False) -> Tensor:
 def guarded_ratio(num: Tensor, den: Tensor, eps: float, out_dtype: torch.dtype, absolute: bool = False) -> Tensor:
     """num / guard(den) in (at least) fp32; ``num`` is ``[..., K]`` and ``den`` is ``[...]``."""
     acc = compute_dtype(num)
-    return cast_finite(num.to(acc) / guard(den.to(acc), eps, absolute).unsqueeze(-1), out_dtype)
+    return cast_finite(as_dtype(num, acc) / guard(as_dtype(den, acc), eps, absolute).unsqueeze(-1), out_dtype)
 
 
 def cast_finite(out: Tensor, out_dtype: torch.dtype) -> Tensor:
     """``out`` in ``out_dtype``, clamped to its finite range when that is narrower."""
-    if out.dtype != out_dtype and torch.finfo(out_dtype).max < torch.finfo(out.dtype).max:
+    if out.dtype == out_dtype:
+        return out
+    if torch.finfo(out_dtype).max < torch.finfo(out.dtype).max:
         limit = torch.finfo(out_dtype).max
         out = out.clamp(-limit, limit)
     return out.to(out_dtype)
