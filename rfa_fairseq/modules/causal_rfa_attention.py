@@ -234,7 +234,7 @@ class CausalRFAttention(RFAttentionBase):
         T = query.size(0)
         if attn_mask is not None and tuple(attn_mask.shape[-2:]) != (T, T):
             raise ValueError(f"attn_mask must be the {T}x{T} causal mask, got shape {tuple(attn_mask.shape)}")
-        if incremental_state is not None and T == 1 and key_padding_mask is None and self._one_op_step():
+        if incremental_state is not None and T == 1 and key_padding_mask is None and self._takes_gaussian_step():
             return self.out_proj(self._decode_token(incremental_state, query)), None
         if incremental_state is not None:
             out = self._decode(incremental_state, *self._project(query, key_padding_mask))
@@ -258,7 +258,7 @@ class CausalRFAttention(RFAttentionBase):
         carry.state = state.detach()
         return out
 
-    def _one_op_step(self) -> bool:
+    def _takes_gaussian_step(self) -> bool:
         """Whether a decoding step can take :meth:`_decode_token`: at inference (the fused
         projection, evaluation mode, no autograd) with the ``gaussian`` kernel."""
         return (self.in_proj is not None and not self.training and not torch.is_grad_enabled()

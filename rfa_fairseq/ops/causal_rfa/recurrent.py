@@ -110,7 +110,7 @@ def gaussian_recurrent_step(
     else:
         v1.mul_(D**-0.5)
     if state is None:
-        state = k.unsqueeze(-1) * v1.unsqueeze(-2)
+        state = (k.unsqueeze(-1) * v1.unsqueeze(-2)).contiguous()  # k is a strided view: see recurrent_causal_rfa_step
     else:
         if gate_logit is not None:
             state.mul_(torch.sigmoid(gate_logit).view(B, H, 1, 1))
