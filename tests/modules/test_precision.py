@@ -84,10 +84,16 @@ def _rel_err(actual, expected):
 
 
 @pytest.mark.slow  # 16,384 decoding steps per case
+@pytest.mark.parametrize("fused", [False, True], ids=["general-step", "fused-step"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("gate", GATES)
-def test_16k_step_decoding_stays_finite_bounded_and_accurate(long_run_reference, gate, dtype):
+def test_16k_step_decoding_stays_finite_bounded_and_accurate(long_run_reference, gate, dtype, fused):
+    """The general step, and the fused projection's step that fairseq-generate takes after
+    ``prepare_for_inference_`` (``ops.gaussian_recurrent_step``)."""
     attn, x, ref, S_ref, z_ref = long_run_reference(gate, dtype)
+    if fused:
+        attn = copy.deepcopy(attn)
+        attn.fuse_projections_()
     outs = torch.empty(STEPS, BATCH, EMBED, dtype=dtype)
     state = {}
     checkpoints = {1, 2, 100, 1024, 4096, 8192, STEPS}
