@@ -329,32 +329,38 @@ def test_gaussian_step_equals_feature_map_and_recurrent_step(gen, gate, eps, dty
     sigma = torch.rand(H, K, generator=gen, dtype=dtype) + 0.5
     w = sample_random_matrix("orthogonal", H, D, K, gen).to(dtype)
     rtol = 1e-10 if dtype == torch.float64 else 1e-5
-    counts = []
-    for which in ("fast", "reference"):
+    convex = gate != "decay"
+
+    def fast(t, state):
+        before = state
+        o, state = gaussian_recurrent_step(qk[:, t], v[:, t], None if logit is None else logit[:, t], state, w, sigma,
+                                           eps=eps, convex=convex)
+        assert (state is before) if before is not None else state.is_contiguous()
+        return o, state
+
+    def reference(t, state):
+        phi = feature_map("gaussian", qk[:, t].transpose(1, 2), sigma, w)  # [B, H, 2, F]
+        return recurrent_causal_rfa_step(phi[:, :, 0], phi[:, :, 1], v[:, t],
+                                         None if logit is None else F.logsigmoid(logit[:, t]), state, eps=eps,
+                                         inplace=True, convex=convex)
+
+    def decode(step):
+        """Outputs and states at every step, and the guard's counts."""
         with torch.no_grad(), count_clamped() as counter:
             state, outs, states = None, [], []
             for t in range(T):
-                if which == "fast":
-                    before = state
-                    o, state = gaussian_recurrent_step(qk[:, t], v[:, t], None if logit is None else logit[:, t], state,
-                                                       w, sigma, eps=eps, convex=gate != "decay")
-                    assert (state is before) if before is not None else state.is_contiguous()
-                else:
-                    phi = feature_map("gaussian", qk[:, t].transpose(1, 2), sigma, w)  # [B, H, 2, F]
-                    o, state = recurrent_causal_rfa_step(phi[:, :, 0], phi[:, :, 1], v[:, t],
-                                                         None if logit is None else F.logsigmoid(logit[:, t]), state,
-                                                         eps=eps, inplace=True, convex=gate != "decay")
+                o, state = step(t, state)
                 outs.append(o)
                 states.append(state.clone())
-        counts.append((counter.seen, counter.clamped, counter.negative))
-        if which == "fast":
-            fast_outs, fast_states = outs, states
+        return outs, states, (counter.seen, counter.clamped, counter.negative)
+
+    (fast_outs, fast_states, fast_counts), (outs, states, counts) = decode(fast), decode(reference)
     for t in range(T):
         torch.testing.assert_close(fast_outs[t], outs[t], rtol=rtol, atol=rtol)
         torch.testing.assert_close(fast_states[t], states[t], rtol=rtol, atol=rtol)
-    assert counts[0] == counts[1]
+    assert fast_counts == counts
     if eps > DEFAULT_EPS:
-        assert sum(counts[0][1].values()) > 0, "the test should make the guard act"
+        assert sum(counts[1].values()) > 0, "the test should make the guard act"
 
 
 # ------------------------------------------------------------------ the denominator guard

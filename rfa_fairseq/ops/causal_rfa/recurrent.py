@@ -98,22 +98,19 @@ def gaussian_recurrent_step(
     B, _, H, K = qk.shape
     D = random_matrix.size(1)
     qk = l2_normalize(as_dtype(qk, acc))
-    w = (as_dtype(random_matrix, acc) * as_dtype(sigma, acc).unsqueeze(1)).transpose(1, 2)  # [H, K, D]
+    # [H, K, D]; made at every step, one small op, rather than cached beside parameters a load can change
+    w = (as_dtype(random_matrix, acc) * as_dtype(sigma, acc).unsqueeze(1)).transpose(1, 2)
     proj = torch.bmm(qk.view(2 * B, H, K).transpose(0, 1), w)  # [H, 2 B, D]
     phi = torch.cat([torch.sin(proj), torch.cos(proj)], dim=-1).view(H, B, 2, 2 * D).transpose(0, 1)  # D^1/2 phi
     q, k = phi.narrow(2, 0, 1), phi.select(2, 1)  # [B, H, 1, F], [B, H, F]
-    v1 = F.pad(as_dtype(v, acc), (0, 1), value=1.0)  # becomes [v | 1] (1 - g) D^-1/2
-    if gate_logit is not None:
-        gate_logit = as_dtype(gate_logit, acc)
-    if gate_logit is not None and convex:
-        v1.mul_(torch.sigmoid(-gate_logit).mul_(D**-0.5).unsqueeze(-1))
-    else:
-        v1.mul_(D**-0.5)
+    logit = None if gate_logit is None else as_dtype(gate_logit, acc)
+    write = torch.sigmoid(-logit).mul_(D**-0.5).unsqueeze(-1) if logit is not None and convex else D**-0.5
+    v1 = F.pad(as_dtype(v, acc), (0, 1), value=1.0).mul_(write)  # [v | 1] (1 - g) D^-1/2
     if state is None:
         state = (k.unsqueeze(-1) * v1.unsqueeze(-2)).contiguous()  # k is a strided view: see recurrent_causal_rfa_step
     else:
-        if gate_logit is not None:
-            state.mul_(torch.sigmoid(gate_logit).view(B, H, 1, 1))
+        if logit is not None:
+            state.mul_(torch.sigmoid(logit).view(B, H, 1, 1))
         state.addcmul_(k.unsqueeze(-1), v1.unsqueeze(-2))
     o = torch.matmul(q, state).view(B, H, K + 1)  # D^1/2 [numerator | denominator]
     return guarded_ratio(o.narrow(-1, 0, K), o.select(-1, K), eps * D**0.5, v.dtype), state
