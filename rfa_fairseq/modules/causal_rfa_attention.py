@@ -7,7 +7,8 @@ only looks back), so the decoder's future mask adds nothing and is only checked 
 Incremental decoding keeps one state per layer, ``S [B, H, F, K]`` and ``z [B, H, F]`` packed as
 one fp32 tensor ``[S | z]`` of shape ``[B, H, F, K + 1]`` (the layout of every op in ``ops``): its
 size does not depend on how many tokens have been decoded. It lives in fairseq's incremental
-state as ``{"state": ..., "reorder_buffer": ...}`` under this module's key.
+state as ``{"state": ..., "reorder_buffer": ...}`` under this module's key (with, for the
+inference step, the feature map's ``projection`` and ``phase``, made at a generation's first step).
 
 A stateful language model (``tasks/stateful_lm.py``) gives each module a :class:`CarriedState`:
 whole-sequence calls then start from the state the previous block of the same text left behind
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..memory import trim_free_memory
-from ..ops import chunk_causal_rfa, gaussian_recurrent_step, recurrent_causal_rfa_step
+from ..ops import chunk_causal_rfa, gaussian_recurrent_step, gaussian_step_weights, recurrent_causal_rfa_step
 from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
 from ..ops.denominator import DEFAULT_EPS, compute_dtype
 from ..validation import non_negative_int
@@ -267,14 +268,19 @@ class CausalRFAttention(RFAttentionBase):
     def _decode_token(self, incremental_state: IncrementalState, x: Tensor) -> Tensor:
         """One token ``x [1, B, C]`` of fairseq-generate, without padding: :meth:`_decode` in
         fewer ops (``ops.gaussian_recurrent_step``), read from the fused projection's output
-        ``[q | k | v | gate logit]`` by views. Returns ``[1, B, C]``, before ``out_proj``."""
+        ``[q | k | v | gate logit]`` by views. The step's projection is made from the feature map
+        at a generation's first step and kept beside the state, so a new generation always reads
+        the module's current matrix. Returns ``[1, B, C]``, before ``out_proj``."""
         B, C, H, K = x.size(1), self.embed_dim, self.num_heads, self.head_dim
         y = self.in_proj(x[0])
         buffer = self._get_input_buffer(incremental_state)
+        if "projection" not in buffer:
+            buffer["projection"], buffer["phase"] = gaussian_step_weights(
+                self.feature_map.random_matrix, self.feature_map.sigma, compute_dtype(y))
         o, buffer["state"] = gaussian_recurrent_step(
             y[:, :2 * C].view(B, 2, H, K), y[:, 2 * C:3 * C].view(B, H, K),
             None if self.gate_proj is None else y[:, 3 * C:], buffer.get("state"),
-            self.feature_map.random_matrix, self.feature_map.sigma, eps=self.eps, convex=self.convex)
+            buffer["projection"], buffer["phase"], eps=self.eps, convex=self.convex)
         self._set_input_buffer(incremental_state, buffer)
         return o.view(1, B, C)
 

@@ -15,6 +15,7 @@ from rfa_fairseq.ops import (
     chunk_causal_rfa,
     feature_map,
     gaussian_recurrent_step,
+    gaussian_step_weights,
     guarded_ratio,
     naive_causal_rfa,
     recurrent_causal_rfa_step,
@@ -330,11 +331,12 @@ def test_gaussian_step_equals_feature_map_and_recurrent_step(gen, gate, eps, dty
     w = sample_random_matrix("orthogonal", H, D, K, gen).to(dtype)
     rtol = 1e-10 if dtype == torch.float64 else 1e-5
     convex = gate != "decay"
+    weights = gaussian_step_weights(w, sigma, dtype)
 
     def fast(t, state):
         before = state
-        o, state = gaussian_recurrent_step(qk[:, t], v[:, t], None if logit is None else logit[:, t], state, w, sigma,
-                                           eps=eps, convex=convex)
+        o, state = gaussian_recurrent_step(qk[:, t], v[:, t], None if logit is None else logit[:, t], state,
+                                           *weights, eps=eps, convex=convex)
         assert (state is before) if before is not None else state.is_contiguous()
         return o, state
 

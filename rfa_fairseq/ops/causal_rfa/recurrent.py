@@ -5,6 +5,7 @@ the layout the chunked and naive forms take and return too: with a column of one
 ``v`` one outer product updates both, one matmul reads out numerator and denominator, and beam
 search reorders one tensor.
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -64,13 +65,30 @@ def recurrent_causal_rfa_step(
     return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype), state
 
 
+def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """What :func:`gaussian_recurrent_step` projects with, made once per generation: the random
+    matrix with sigma folded in (``(sigma * x) . w == x . (sigma * w)``), twice side by side, and
+    the phases ``[0, pi/2]`` that turn the second half's sines into cosines
+    (``cos(a) == sin(a + pi/2)``), so that one bmm and one sine make ``[sin | cos]``.
+
+    Args:
+        random_matrix: ``[H, D, K]``; sigma: ``[H, K]``; dtype: the step's compute dtype.
+    Returns:
+        ``projection [H, K, 2 D]`` and ``phase [2 D]``.
+    """
+    w = (as_dtype(random_matrix, dtype) * as_dtype(sigma, dtype).unsqueeze(1)).transpose(1, 2)  # [H, K, D]
+    D = w.size(-1)
+    phase = torch.cat([w.new_zeros(D), w.new_full((D,), math.pi / 2)])
+    return torch.cat([w, w], dim=-1), phase
+
+
 def gaussian_recurrent_step(
     qk: Tensor,
     v: Tensor,
     gate_logit: Optional[Tensor],
     state: Optional[Tensor],
-    random_matrix: Tensor,
-    sigma: Tensor,
+    projection: Tensor,
+    phase: Tensor,
     eps: float = DEFAULT_EPS,
     convex: bool = True,
 ) -> Tuple[Tensor, Tensor]:
@@ -79,38 +97,41 @@ def gaussian_recurrent_step(
     which it equals (tests/ops/test_causal_rfa.py) in fewer ops. A decoding step's tensors are a
     few hundred numbers, so its time is the number of ops, not their size:
 
-    - queries and keys are L2-normalised together and go through one bmm, sigma folded into the
-      random matrix (``(sigma * x) . w == x . (sigma * w)``);
-    - the features' scale ``D^-1/2`` goes into the state's write for the keys, and into the guard
-      for the queries: ``c phi(q) S / max(c phi(q) z, c eps)`` is ``phi(q) S / max(phi(q) z, eps)``;
-    - the gate comes as its logit ``l``: ``g = sigmoid(l)`` and ``1 - g = sigmoid(-l)``.
+    - queries and keys are L2-normalised together and go through one bmm that adds the phases,
+      then one sine (:func:`gaussian_step_weights`);
+    - the features' scale ``D^-1/2`` goes into the values (and their column of ones) for the keys,
+      and into the guard for the queries: ``c phi(q) S / max(c phi(q) z, c eps)`` is
+      ``phi(q) S / max(phi(q) z, eps)``;
+    - the gate comes as its logit ``l``, and the convex update ``g [S | z] + (1 - g) phi(k) [v | 1]``
+      is one ``lerp_`` with weight ``1 - g = sigmoid(-l)``; the decay form is ``g = sigmoid(l)``.
 
     Args:
         qk: ``[B, 2, H, K]``, the queries then the keys, before the feature map (a view of the
             fused projection's output).
         v: ``[B, H, K]``; gate_logit: ``[B, H]``, or None without a gate.
         state: ``[B, H, 2 D, K + 1]`` in fp32 (fp64 for fp64 inputs), updated in place; or None.
-        random_matrix: ``[H, D, K]``; sigma: ``[H, K]``.
+        projection, phase: from :func:`gaussian_step_weights` in the compute dtype.
     Returns:
         ``out [B, H, K]`` (dtype of ``v``) and the state.
     """
     acc = compute_dtype(qk)
     B, _, H, K = qk.shape
-    D = random_matrix.size(1)
-    qk = l2_normalize(as_dtype(qk, acc))
-    # [H, K, D]; made at every step, one small op, rather than cached beside parameters a load can change
-    w = (as_dtype(random_matrix, acc) * as_dtype(sigma, acc).unsqueeze(1)).transpose(1, 2)
-    proj = torch.bmm(qk.view(2 * B, H, K).transpose(0, 1), w)  # [H, 2 B, D]
-    phi = torch.cat([torch.sin(proj), torch.cos(proj)], dim=-1).view(H, B, 2, 2 * D).transpose(0, 1)  # D^1/2 phi
+    F2 = projection.size(-1)
+    c = (F2 // 2) ** -0.5
+    qk = l2_normalize(as_dtype(qk, acc)).view(2 * B, H, K).transpose(0, 1)
+    phi = torch.baddbmm(phase, qk, projection).sin_().view(H, B, 2, F2).transpose(0, 1)  # D^1/2 phi: [B, H, 2, F]
     q, k = phi.narrow(2, 0, 1), phi.select(2, 1)  # [B, H, 1, F], [B, H, F]
-    logit = None if gate_logit is None else as_dtype(gate_logit, acc)
-    write = torch.sigmoid(-logit).mul_(D**-0.5).unsqueeze(-1) if logit is not None and convex else D**-0.5
-    v1 = F.pad(as_dtype(v, acc), (0, 1), value=1.0).mul_(write)  # [v | 1] (1 - g) D^-1/2
+    v1 = F.pad(as_dtype(v, acc) * c, (0, 1), value=c)  # [v | 1] D^-1/2
+    write = k.unsqueeze(-1) * v1.unsqueeze(-2)  # phi(k) [v | 1]
+    logit = None if gate_logit is None else as_dtype(gate_logit, acc).view(B, H, 1, 1)
     if state is None:
-        state = (k.unsqueeze(-1) * v1.unsqueeze(-2)).contiguous()  # k is a strided view: see recurrent_causal_rfa_step
+        # contiguous whatever the strides of k: every later step and reorder reads it whole
+        state = (write if logit is None or not convex else write.mul_(torch.sigmoid(-logit))).contiguous()
+    elif logit is None:
+        state.add_(write)
+    elif convex:
+        state.lerp_(write, torch.sigmoid(-logit))
     else:
-        if logit is not None:
-            state.mul_(torch.sigmoid(logit).view(B, H, 1, 1))
-        state.addcmul_(k.unsqueeze(-1), v1.unsqueeze(-2))
+        state.mul_(torch.sigmoid(logit)).add_(write)
     o = torch.matmul(q, state).view(B, H, K + 1)  # D^1/2 [numerator | denominator]
-    return guarded_ratio(o.narrow(-1, 0, K), o.select(-1, K), eps * D**0.5, v.dtype), state
+    return guarded_ratio(o.narrow(-1, 0, K), o.select(-1, K), eps * (F2 // 2) ** 0.5, v.dtype), state
