@@ -97,8 +97,8 @@ def gaussian_recurrent_step(
     which it equals (tests/ops/test_causal_rfa.py) in fewer ops. A decoding step's tensors are a
     few hundred numbers, so its time is the number of ops, not their size:
 
-    - queries and keys are L2-normalised together and go through one bmm that adds the phases,
-      then one sine (:func:`gaussian_step_weights`);
+    - queries and keys are L2-normalised together and go through one bmm, then the phases and one
+      sine (:func:`gaussian_step_weights`);
     - the features' scale ``D^-1/2`` goes into the values (and their column of ones) for the keys,
       and into the guard for the queries: ``c phi(q) S / max(c phi(q) z, c eps)`` is
       ``phi(q) S / max(phi(q) z, eps)``;
@@ -119,7 +119,8 @@ def gaussian_recurrent_step(
     F2 = projection.size(-1)
     c = (F2 // 2) ** -0.5
     qk = l2_normalize(as_dtype(qk, acc)).view(2 * B, H, K).transpose(0, 1)
-    phi = torch.baddbmm(phase, qk, projection).sin_().view(H, B, 2, F2).transpose(0, 1)  # D^1/2 phi: [B, H, 2, F]
+    # bmm then add_, not baddbmm: baddbmm copies the broadcast phases into its output first
+    phi = torch.bmm(qk, projection).add_(phase).sin_().view(H, B, 2, F2).transpose(0, 1)  # D^1/2 phi: [B, H, 2, F]
     q, k = phi.narrow(2, 0, 1), phi.select(2, 1)  # [B, H, 1, F], [B, H, F]
     v1 = F.pad(as_dtype(v, acc) * c, (0, 1), value=c)  # [v | 1] D^-1/2
     write = k.unsqueeze(-1) * v1.unsqueeze(-2)  # phi(k) [v | 1]
