@@ -102,8 +102,7 @@ def gaussian_recurrent_step(
     - the features' scale ``D^-1/2`` goes into the values (and their column of ones) for the keys,
       and into the guard for the queries: ``c phi(q) S / max(c phi(q) z, c eps)`` is
       ``phi(q) S / max(phi(q) z, eps)``;
-    - the gate comes as its logit ``l``, and the convex update ``g [S | z] + (1 - g) phi(k) [v | 1]``
-      is one ``lerp_`` with weight ``1 - g = sigmoid(-l)``; the decay form is ``g = sigmoid(l)``.
+    - the gate comes as its logit ``l``: ``g = sigmoid(l)`` and ``1 - g = sigmoid(-l)``.
 
     Args:
         qk: ``[B, 2, H, K]``, the queries then the keys, before the feature map (a view of the
@@ -123,16 +122,17 @@ def gaussian_recurrent_step(
     phi = torch.bmm(qk, projection).add_(phase).sin_().view(H, B, 2, F2).transpose(0, 1)  # D^1/2 phi: [B, H, 2, F]
     q, k = phi.narrow(2, 0, 1), phi.select(2, 1)  # [B, H, 1, F], [B, H, F]
     v1 = F.pad(as_dtype(v, acc) * c, (0, 1), value=c)  # [v | 1] D^-1/2
-    write = k.unsqueeze(-1) * v1.unsqueeze(-2)  # phi(k) [v | 1]
     logit = None if gate_logit is None else as_dtype(gate_logit, acc).view(B, H, 1, 1)
+    if logit is not None and convex:
+        v1.mul_(torch.sigmoid(-logit).view(B, H, 1))  # (1 - g) on K + 1 numbers, not F (K + 1)
     if state is None:
         # contiguous whatever the strides of k: every later step and reorder reads it whole
-        state = (write if logit is None or not convex else write.mul_(torch.sigmoid(-logit))).contiguous()
-    elif logit is None:
-        state.add_(write)
-    elif convex:
-        state.lerp_(write, torch.sigmoid(-logit))
+        state = (k.unsqueeze(-1) * v1.unsqueeze(-2)).contiguous()
     else:
-        state.mul_(torch.sigmoid(logit)).add_(write)
+        if logit is not None:
+            state.mul_(torch.sigmoid(logit))
+        # in place, with no state-sized temporary: at large batches a fresh one would be mapped and
+        # zeroed by the operating system at every step
+        state.addcmul_(k.unsqueeze(-1), v1.unsqueeze(-2))
     o = torch.matmul(q, state).view(B, H, K + 1)  # D^1/2 [numerator | denominator]
     return guarded_ratio(o.narrow(-1, 0, K), o.select(-1, K), eps * (F2 // 2) ** 0.5, v.dtype), state
