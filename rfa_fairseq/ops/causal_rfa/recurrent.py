@@ -116,12 +116,12 @@ def gaussian_recurrent_step(
     acc = compute_dtype(qk)
     B, _, H, K = qk.shape
     F2 = projection.size(-1)
-    c = (F2 // 2) ** -0.5
+    D = F2 // 2
     qk = l2_normalize(as_dtype(qk, acc)).view(2 * B, H, K).transpose(0, 1)
     # bmm then add_, not baddbmm: baddbmm copies the broadcast phases into its output first
     phi = torch.bmm(qk, projection).add_(phase).sin_().view(H, B, 2, F2).transpose(0, 1)  # D^1/2 phi: [B, H, 2, F]
     q, k = phi.narrow(2, 0, 1), phi.select(2, 1)  # [B, H, 1, F], [B, H, F]
-    v1 = F.pad(as_dtype(v, acc) * c, (0, 1), value=c)  # [v | 1] D^-1/2
+    v1 = F.pad(as_dtype(v, acc) * D**-0.5, (0, 1), value=D**-0.5)  # [v | 1] D^-1/2
     logit = None if gate_logit is None else as_dtype(gate_logit, acc).view(B, H, 1, 1)
     if logit is not None and convex:
         v1.mul_(torch.sigmoid(-logit).view(B, H, 1))  # (1 - g) on K + 1 numbers, not F (K + 1)
@@ -135,4 +135,4 @@ def gaussian_recurrent_step(
         # zeroed by the operating system at every step
         state.addcmul_(k.unsqueeze(-1), v1.unsqueeze(-2))
     o = torch.matmul(q, state).view(B, H, K + 1)  # D^1/2 [numerator | denominator]
-    return guarded_ratio(o.narrow(-1, 0, K), o.select(-1, K), eps * (F2 // 2) ** 0.5, v.dtype), state
+    return guarded_ratio(o.narrow(-1, 0, K), o.select(-1, K), eps * D**0.5, v.dtype), state
