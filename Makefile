@@ -11,4 +11,4 @@ bench:
 	bash scripts/bench.sh
 
 bench-quick:
-	BENCH_QUICK=1 BENCH_OUT=bench/results/quick bash scripts/bench.sh
+	BENCH_QUICK=1 BENCH_OUT=work/bench-quick bash scripts/bench.sh

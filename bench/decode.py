@@ -272,8 +272,8 @@ def decode_checkpoint(model, argv, args, do_profile):
         net = models[0].cuda() if cuda else models[0]
         net.prepare_for_inference_(cfg)
         if int8:
-            from rfa_fairseq.models.quantize import quantize_int8
-            quantize_int8(net)
+            from rfa_fairseq.modules.int8_linear import quantize_linears_
+            quantize_linears_(net)
         limit = utils.resolve_max_positions(task.max_positions(), net.max_positions())
         generator, generators = task.build_generator([net], g), {}
         for n in args.lengths if lm else ():
@@ -385,7 +385,7 @@ def model_spec(text):
     if not name or ct2 not in (None,) + CT2_TYPES or not (os.path.isfile(path) or ct2 and os.path.isfile(f"{path}/model.bin")):
         raise argparse.ArgumentTypeError(
             f"wants NAME=CHECKPOINT (an existing fairseq checkpoint), NAME=int8:CHECKPOINT (its linear layers in int8, "
-            f"rfa_fairseq.models.quantize) or NAME=ct2:PATH:COMPUTE_TYPE (PATH: a CTranslate2 model folder or a softmax "
+            f"rfa_fairseq.modules.int8_linear) or NAME=ct2:PATH:COMPUTE_TYPE (PATH: a CTranslate2 model folder or a softmax "
             f"checkpoint to convert; COMPUTE_TYPE: {', '.join(CT2_TYPES)}), got {text!r}")
     return name, path, ct2, int8
 

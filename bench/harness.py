@@ -11,6 +11,7 @@ earlier allocations more than on what the model needs; the allocated bytes are w
 the CPU counterpart of the CUDA figure.
 """
 import argparse
+import ctypes
 import json
 import os
 import platform
@@ -20,7 +21,18 @@ import time
 
 import torch
 
-from rfa_fairseq.memory import LIBC as _LIBC, live_bytes as _live_bytes  # glibc (or None), malloc's live bytes
+try:  # glibc with mallinfo2 (2.33 and later), else None: malloc's live bytes, and malloc_trim
+    _LIBC = ctypes.CDLL("libc.so.6") if platform.libc_ver()[0] == "glibc" else None
+    _LIBC.mallinfo2.restype = type("MallInfo2", (ctypes.Structure,), {"_fields_": [
+        (n, ctypes.c_size_t) for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]})
+except (OSError, AttributeError):
+    _LIBC = None
+
+
+def _live_bytes() -> int:
+    """The bytes malloc has handed out and not had back: in its heap, and in blocks of their own."""
+    info = _LIBC.mallinfo2()
+    return info.uordblks + info.hblkhd
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 STATISTICS = {"median": statistics.median, "min": min}

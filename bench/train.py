@@ -5,9 +5,8 @@
 backward with a fixed random R (no vocabulary projection: the same for all), ``--tokens-per-batch``
 tokens per step at every length; ``softmax`` (fairseq's MultiheadAttention), ``sdpa`` (its
 projections through torch's ``scaled_dot_product_attention``), ``rfa``, ``rfa_gate`` and their
-``*_recompute`` forms (``--rfa-recompute``), and RFA-Gate's CPU memory options (``rfa_gate_notrim``:
-``--rfa-malloc-trim 0``; ``rfa_gate_seg*``: ``--rfa-recompute-segment``;
-``rfa_gate_mmap4m``: ``--rfa-mmap-threshold``). ``translation``: label-smoothed cross entropy on
+``*_recompute`` forms (``--rfa-recompute``), and RFA-Gate with shorter recompute segments
+(``rfa_gate_seg*``: ``--rfa-recompute-segment``). ``translation``: label-smoothed cross entropy on
 batches of a binarised corpus, the models taking turns step by step. ``encoder``: one encoder
 self-attention module on one source of T tokens. ``chunk``: ops.chunk_causal_rfa by chunk size,
 forward + backward (``train``) or forward with the final state (``infer``). Per row: the
@@ -41,15 +40,9 @@ LM = {"softmax": ["--arch", "transformer_lm"], "sdpa": ["--arch", "transformer_l
       "rfa_gate_recompute": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute"],
       "rfa_keep": ["--arch", "rfa_transformer_lm", "--rfa-recompute-segment", "0"],
       "rfa_gate_keep": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute-segment", "0"],
-      # smaller recompute segments, smaller temporaries (a segment's features and chunk states); no trim
-      **{f"rfa_gate_seg{n}": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute-segment", str(n),
-                              "--rfa-malloc-trim", "0"] for n in (128, 256)},
-      # malloc's free memory never returned (the default: above 256 MiB; rfa_fairseq/memory.py);
-      # process-wide: use --fresh-process
-      "rfa_gate_notrim": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-malloc-trim", "0"],
-      # glibc malloc's mmap threshold fixed (rfa_fairseq/memory.py); process-wide: use --fresh-process
-      "rfa_gate_mmap4m": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-mmap-threshold", "4194304",
-                          "--rfa-malloc-trim", "0"]}
+      # smaller recompute segments, smaller temporaries (a segment's features and chunk states)
+      **{f"rfa_gate_seg{n}": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute-segment", str(n)]
+         for n in (128, 256)}}
 MT = {"softmax": ["--arch", "transformer_iwslt_de_en"],
       "rfa": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa"],
       "rfa_gate": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa", "--rfa-gate"],
@@ -251,10 +244,10 @@ def chunk(args):
                 for size in args.chunk_sizes:
                     def step():
                         if mode == "train":
-                            chunk_causal_rfa(q, k, v, log_g, chunk_size=size).backward(grad)
+                            chunk_causal_rfa(q, k, v, log_g, chunk_size=size)[0].backward(grad)
                         else:
                             with torch.inference_mode():
-                                chunk_causal_rfa(q, k, v, log_g, chunk_size=size, return_state=True)
+                                chunk_causal_rfa(q, k, v, log_g, output_final_state=True, chunk_size=size)
                     rows.append({"model": f"C={size}", "pass": mode, "gated": gated, "length": length, "batch": shape[0],
                                  "chunk_size": size, **harness.measure(step, args.device, args.repeats, args.clock, args.statistic)})
                 print(mode, gated, length, " ".join(f"C={r['chunk_size']}: {1e3 * r['seconds']:.2f} ms" for r in rows[-len(args.chunk_sizes):]))

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field, fields
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
-from .memory import DEFAULT_MALLOC_TRIM
 from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
 from .ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
 from .validation import finite, flag, non_negative_int, one_of, positive_finite, positive_int
@@ -97,45 +96,36 @@ class RFAConfig(FairseqDataclass):
                           "the length by the input alone (0: no segments, every intermediate kept unless "
                           "--rfa-recompute)"},
     )
-    rfa_mmap_threshold: int = field(
-        default=0,
-        metadata={"help": "glibc malloc's mmap threshold in bytes, fixed for the whole process when an RFA decoder "
-                          "is built (mallopt M_MMAP_THRESHOLD), e.g. 4194304: blocks this large are returned to the "
-                          "system when freed, so the resident set of CPU training follows what torch holds instead of "
-                          "keeping the free holes that RFA's many medium-sized temporaries leave in malloc's heap, at "
-                          "the cost of a page fault per page of every such block (rfa_fairseq/memory.py, "
-                          "docs/benchmarks.md). 0 (the default) leaves malloc as it is, as does a "
-                          "MALLOC_MMAP_THRESHOLD_ environment variable"},
-    )
-    rfa_malloc_trim: int = field(
-        default=DEFAULT_MALLOC_TRIM,
-        metadata={"help": "in CPU training, return glibc malloc's free memory to the system (malloc_trim) before a "
-                          "causal RFA segment of the forward pass whenever more than this many bytes of the resident "
-                          "set are free in malloc's heap, for the whole process: the resident set then stays near what "
-                          "torch holds, at the cost of the page faults of reusing what was returned "
-                          "(rfa_fairseq/memory.py, docs/benchmarks.md). 0: never"},
-    )
 
 
 RFA_FIELDS = tuple(f.name for f in fields(RFAConfig) if f.name.startswith("rfa_"))
 _DEFAULTS = RFAConfig()
 
 
+def read_fields(config_class, args) -> dict:
+    """The fields of the dataclass ``config_class`` read from a namespace, dataclass or DictConfig,
+    each missing (or None) one at its default: what every model family's config reader starts from."""
+    defaults = config_class()
+    return {f.name: getattr(defaults, f.name) if getattr(args, f.name, None) is None else getattr(args, f.name)
+            for f in fields(config_class)}
+
+
+def fill_defaults(config_class, args):
+    """Architecture helper: set every missing attribute of ``config_class``'s fields to its default."""
+    for name, value in read_fields(config_class, args).items():
+        setattr(args, name, value)
+
+
 def fill_rfa_defaults(args):
     """Architecture helper: set every missing ``rfa_*`` attribute to its default."""
-    for name in RFA_FIELDS:
-        if getattr(args, name, None) is None:
-            setattr(args, name, getattr(_DEFAULTS, name))
+    fill_defaults(RFAConfig, args)
 
 
 def rfa_config_from(args) -> RFAConfig:
     """Read and validate the ``rfa_*`` options from a namespace, dataclass or DictConfig.
 
     Raises ValueError naming the offending flag."""
-    values = {}
-    for name in RFA_FIELDS:
-        value = getattr(args, name, None)
-        values[name] = getattr(_DEFAULTS, name) if value is None else value
+    values = read_fields(RFAConfig, args)
     for name in ("rfa_causal_feature_dim", "rfa_cross_feature_dim", "rfa_chunk_size"):
         positive_int(flag(name), values[name])
     for name in ("rfa_init_sigma", "rfa_eps"):
@@ -153,10 +143,6 @@ def rfa_config_from(args) -> RFAConfig:
     values["rfa_cross_norm_rescale"] = bool(values["rfa_cross_norm_rescale"])
     values["rfa_recompute"] = bool(values["rfa_recompute"])
     non_negative_int(flag("rfa_recompute_segment"), values["rfa_recompute_segment"])
-    non_negative_int(flag("rfa_mmap_threshold"), values["rfa_mmap_threshold"])
-    non_negative_int(flag("rfa_malloc_trim"), values["rfa_malloc_trim"])
-    if values["rfa_mmap_threshold"] >= 2 ** 31:
-        raise ValueError(f"{flag('rfa_mmap_threshold')} must be below 2 GiB (malloc takes an int), got {values['rfa_mmap_threshold']}")
     return RFAConfig(**values)
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark suite (docs/benchmarks.md): decoding (translation and LM, random weights; a profile),
 # training (LM decoder stack, encoder self-attention), then the tables and the figure, under
-# bench/results/ (or $BENCH_OUT). Run it on a quiet machine; BENCH_THREADS sets torch's CPU threads.
+# work/bench/ (or $BENCH_OUT; bench/results holds the runs the docs cite). Run it on a quiet machine; BENCH_THREADS sets torch's CPU threads.
 #
 #   bash scripts/bench.sh                 # the full suite: about an hour on a 2-core CPU
 #   BENCH_QUICK=1 bash scripts/bench.sh   # short lengths only, a few minutes
@@ -11,7 +11,7 @@ bash scripts/setup_env.sh >/dev/null
 PY=${RFA_VENV:-$(pwd)/.venv}/bin/python
 [ "${RFA_USE_CURRENT_ENV:-0}" = "1" ] && PY=$(command -v python || command -v python3)
 "$PY" -c "import matplotlib" 2>/dev/null || "$PY" -m pip install --quiet "matplotlib>=3.7"
-OUT=${BENCH_OUT:-bench/results} && mkdir -p "$OUT" && export PYTHONWARNINGS=ignore
+OUT=${BENCH_OUT:-work/bench} && mkdir -p "$OUT" && export PYTHONWARNINGS=ignore
 C=(${BENCH_THREADS:+--threads "$BENCH_THREADS"})
 if [ -n "${BENCH_QUICK:-}" ]; then
   TR=(--lengths 32 128 --repeats 2) LM=(--lengths 64 256 --repeats 2) PROF=(--lengths 32 128)

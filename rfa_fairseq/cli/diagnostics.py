@@ -37,7 +37,8 @@ def main(argv=None):
     from fairseq import checkpoint_utils, utils
 
     from ..modules import CausalRFAttention, CrossRFAttention
-    from ..ops.denominator import count_clamped
+    from ..modules.heads import split_heads
+    from ..ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state
 
     utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
     if not Path(args.path).is_file():
@@ -56,40 +57,61 @@ def main(argv=None):
 
     gate_sum = {name: 0.0 for name, m in modules.items() if getattr(m, "gate_proj", None) is not None}
     gate_count = {name: 0 for name in gate_sum}
+    seen, clamped, negative = ({name: 0 for name in modules} for _ in range(3))
     real = {}  # the current batch's non-padding positions, [T, B, 1]
+
+    def count_denominators(mod, args_, kwargs, out, name):
+        """Run the module's op again from its inputs with values of ones: the output is then
+        den / guard(den), 1 where the denominator was not clamped, below 1 where it was, negative
+        where it was negative."""
+        query, key_padding_mask = args_[0], kwargs.get("key_padding_mask")
+        if isinstance(mod, CausalRFAttention):
+            q, k, v, log_g = mod._project(query, key_padding_mask)
+            ratio, _ = chunk_causal_rfa(q, k, v.new_ones(*v.shape[:3], 1), log_g, eps=mod.eps,
+                                        convex=mod.convex, chunk_size=mod.chunk_size)
+        else:
+            key = args_[1] if len(args_) > 1 else kwargs.get("key")
+            q = mod.feature_map(split_heads(mod.q_proj(query), mod.num_heads))
+            k = mod._key_features(split_heads(mod.k_proj(key), mod.num_heads), key_padding_mask)
+            state = cross_rfa_state(k, k.new_ones(*k.shape[:3], 1), key_padding_mask)
+            ratio = cross_rfa_apply(q, state, eps=mod.eps, absolute=mod.abs_denominator, out_dtype=torch.float32)
+        ratio = ratio[..., 0].permute(2, 0, 1)  # [T, B, H]
+        mask = real["mask"][: ratio.size(0)].bool().expand_as(ratio)
+        seen[name] += int(mask.sum())
+        clamped[name] += int(((ratio.abs() < 1) & mask).sum())
+        negative[name] += int(((ratio < 0) & mask).sum())
+
     hooks = []
-    with count_clamped() as counter:
-        for name, m in modules.items():
-            hooks.append(m.register_forward_pre_hook(lambda mod, inp, name=name: setattr(counter, "label", name)))
-            if name in gate_sum:
-                def record_gate(mod, inp, out, name=name):
-                    g = torch.sigmoid(out.float()) * real["mask"]
-                    gate_sum[name] += g.sum().item()
-                    gate_count[name] += int(real["mask"].sum().item()) * out.size(-1)
-                hooks.append(m.gate_proj.register_forward_hook(record_gate))
-        batches = 0
-        with torch.no_grad():
-            for sample in itr:
-                tokens = sample["net_input"].get("prev_output_tokens", sample["net_input"].get("src_tokens"))
-                real["mask"] = tokens.ne(task.target_dictionary.pad()).t().unsqueeze(-1).float()
-                model(**sample["net_input"])
-                batches += 1
-                if args.max_batches is not None and batches >= args.max_batches:
-                    break
-        for h in hooks:
-            h.remove()
+    for name, m in modules.items():
+        hooks.append(m.register_forward_hook(lambda *a, name=name: count_denominators(*a, name), with_kwargs=True))
+        if name in gate_sum:
+            def record_gate(mod, inp, out, name=name):
+                g = torch.sigmoid(out.float()) * real["mask"]
+                gate_sum[name] += g.sum().item()
+                gate_count[name] += int(real["mask"].sum().item()) * out.size(-1)
+            hooks.append(m.gate_proj.register_forward_hook(record_gate))
+    batches = 0
+    with torch.no_grad():
+        for sample in itr:
+            tokens = sample["net_input"].get("prev_output_tokens", sample["net_input"].get("src_tokens"))
+            real["mask"] = tokens.ne(task.target_dictionary.pad()).t().unsqueeze(-1).float()
+            model(**sample["net_input"])
+            batches += 1
+            if args.max_batches is not None and batches >= args.max_batches:
+                break
+    for h in hooks:
+        h.remove()
 
     rows = []
     for name, m in modules.items():
         sigma = m.feature_map.sigma.detach().float()
-        seen = counter.seen.get(name, 0)
         rows.append({
             "module": name, "kind": type(m).__name__, "kernel": m.feature_map.kernel,
             "sigma_mean": sigma.mean().item(), "sigma_min": sigma.min().item(), "sigma_max": sigma.max().item(),
             "mean_gate": gate_sum[name] / max(gate_count[name], 1) if name in gate_sum else None,
-            "clamped_pct": 100.0 * counter.clamped.get(name, 0) / max(seen, 1),
-            "negative_pct": 100.0 * counter.negative.get(name, 0) / max(seen, 1),
-            "denominators": seen,
+            "clamped_pct": 100.0 * clamped[name] / max(seen[name], 1),
+            "negative_pct": 100.0 * negative[name] / max(seen[name], 1),
+            "denominators": seen[name],
         })
     print(f"{args.path} on {args.gen_subset} ({batches} batches), eps {modules[next(iter(modules))].eps}")
     print(f"{'module':42s} {'sigma mean [min, max]':>24s} {'mean gate':>9s} {'clamped %':>9s} {'neg %':>7s}")

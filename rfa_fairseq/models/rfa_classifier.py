@@ -38,6 +38,7 @@ from fairseq.utils import safe_getattr
 from omegaconf import II
 from torch import Tensor
 
+from ..config import read_fields
 from ..validation import divisible_heads, flag, one_of, positive_int
 from .rfa_encoder import EncoderAttentionConfig, RFATransformerEncoder, encoder_attention_config_from
 
@@ -231,10 +232,9 @@ def _set_default(args, name, value):
 # The architecture named ``rfa_classifier`` is registered by register_model and takes its defaults
 # from the dataclass; this helper fills the same defaults on a namespace (the named architectures).
 def rfa_classifier_base_architecture(args):
-    defaults = RFAClassifierConfig()
-    for name in RFAClassifierConfig.__dataclass_fields__:
-        if name != "max_positions":
-            _set_default(args, name, getattr(defaults, name))
+    for name, value in read_fields(RFAClassifierConfig, args).items():
+        if name != "max_positions":  # the task's, by interpolation
+            setattr(args, name, value)
 
 
 # The Long Range Arena settings (Tay et al., ICLR 2021; google-research/long-range-arena configs,

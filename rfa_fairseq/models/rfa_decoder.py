@@ -7,15 +7,16 @@ incremental-decoding protocol are used as they are. Layout: Time x Batch x Chann
 Softmax cross attention, in either decoder, is :class:`SoftmaxCrossAttention`: fairseq's, with one
 copy of the source's keys and values per sentence in beam search.
 """
+from typing import Optional
+
 import torch
-from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerDecoderBase
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from ..config import RFAConfig
-from ..memory import set_malloc_trim, set_mmap_threshold
 from ..modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap, SoftmaxCrossAttention
+from ..modules.rfa_attention_base import IncrementalState
+from .wrapping import wrap_layer
 
 # Bump when the RFA part of the state dict changes; upgrade_state_dict_named converts old ones.
 RFA_CHECKPOINT_VERSION = 1
@@ -117,12 +118,7 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
                                                    full_context_alignment, alignment_layer, alignment_heads)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = self.new_layer(cfg, no_encoder_attn)
-        # Same wrapping as fairseq's own decoder layers.
-        checkpoint = cfg.checkpoint_activations
-        if checkpoint:
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+        return wrap_layer(self.new_layer(cfg, no_encoder_attn), cfg)
 
     def new_layer(self, cfg, no_encoder_attn):
         return SoftmaxTransformerDecoderLayer(cfg, no_encoder_attn)
@@ -142,13 +138,42 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection, decoding_attention=decoding_attention)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
-        set_mmap_threshold(rfa.rfa_mmap_threshold)
-        set_malloc_trim(rfa.rfa_malloc_trim)
 
     def new_layer(self, cfg, no_encoder_attn):
         self._layers_built += 1
         return RFATransformerDecoderLayer(cfg, self.rfa, self._layers_built - 1, no_encoder_attn,
                                           cross_attention=self.cross_attention)
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
+                stream_state: Optional[IncrementalState] = None, **kwargs):
+        """fairseq's forward; with ``stream_state`` (a stateful language model: a dict in fairseq's
+        incremental-state layout, ``{}`` at a stream's start), ``prev_output_tokens [B, T]`` is the
+        next block of B text streams: every causal RFA layer starts from its state there and leaves
+        its final state there (not detached). Positions restart at the block."""
+        if stream_state is None:
+            return super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)
+        if incremental_state is not None or encoder_out is not None or kwargs.get("return_all_hiddens"):
+            raise ValueError("stream_state continues text streams in a language model: it takes neither an "
+                             "incremental state, an encoder output nor return_all_hiddens")
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if self.embed_positions is not None:
+            x = x + self.embed_positions(prev_output_tokens)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x).transpose(0, 1)
+        pad = prev_output_tokens.eq(self.padding_idx)  # pads neither write nor decay the state
+        for layer in self.layers:
+            x, _, _ = layer(x, None, None, stream_state, self_attn_padding_mask=pad)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return (x if features_only else self.output_layer(x)), {"attn": [None], "inner_states": [x]}
 
     def buffered_future_mask(self, tensor):
         """RFA's causal attention is causal by construction; fairseq's T x T future mask would

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field, fields
 
 import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import TransformerEncoderBase
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
+from ..config import read_fields
 from ..modules import ENCODER_ATTENTIONS, build_encoder_self_attention
 from ..validation import flag, one_of, positive_int
+from .wrapping import wrap_layer
 
 # Encoder modules seed their random matrices with ids from here on, so that their draws never
 # coincide with the decoder's (whose modules are numbered 0, 1, ... from its first layer).
@@ -64,10 +64,7 @@ _ENCODER_DEFAULTS = EncoderAttentionConfig()
 def encoder_attention_config_from(args) -> EncoderAttentionConfig:
     """Read and validate the encoder's choices from a namespace, dataclass or DictConfig (missing
     ones take their defaults). Raises ValueError naming the offending flag."""
-    values = {}
-    for name in ENCODER_FIELDS:
-        value = getattr(args, name, None)
-        values[name] = getattr(_ENCODER_DEFAULTS, name) if value is None else value
+    values = read_fields(EncoderAttentionConfig, args)
     encoder = values["encoder_attention"] = one_of(flag("encoder_attention"), values["encoder_attention"],
                                                    ENCODER_ATTENTIONS)
     for name in ("encoder_feature_dim", "lara_landmarks"):
@@ -88,25 +85,15 @@ class BeamGroupedReorder:
     fairseq's SequenceGenerator repeats each source's encoder output once per hypothesis of its
     beam, and reorders all of it after every step: ``index_select`` of the T x (B * beam) x C output
     and of the embeddings. With long sources those copies cost more than the decoder step itself.
-    A beam's rows are copies of one row, so an order that moves every row only within its
-    sentence's group of ``beam_size`` rows leaves the output as it was: the encoder output is
-    returned as it is. An order that drops finished sentences, or anything else, is applied as
-    fairseq applies it. fairseq's own cross attention keeps its cached keys and values on the same
-    grounds (``MultiheadAttention.reorder_incremental_state``)."""
-
-    beam_size = 1
-
-    def set_beam_size(self, beam_size: int):
-        """The generator's beam (fairseq says so only for beams above 1)."""
-        self.beam_size = beam_size
+    The generator's orders move rows only within their sentence's beam while the batch keeps its
+    size (``modules/beam.py``), and a beam's rows are copies of one row: such an order leaves the
+    output as it was, so it is returned as it is. An order that drops finished sentences is applied
+    as fairseq applies it."""
 
     def reorder_encoder_out(self, encoder_out, new_order):
         out = encoder_out["encoder_out"]
         if len(out) > 0 and out[0].size(1) == new_order.numel():
-            rows = torch.arange(new_order.numel(), device=new_order.device)
-            if torch.equal(torch.div(new_order, self.beam_size, rounding_mode="floor"),
-                           torch.div(rows, self.beam_size, rounding_mode="floor")):
-                return encoder_out
+            return encoder_out
         return super().reorder_encoder_out(encoder_out, new_order)
 
 
@@ -144,8 +131,4 @@ class RFATransformerEncoder(BeamGroupedReorder, TransformerEncoderBase):
     def build_encoder_layer(self, cfg):
         layer = RFATransformerEncoderLayer(cfg, self.attention, self._layers_built, return_fc=self.return_fc)
         self._layers_built += 1
-        # Same wrapping as fairseq's own encoder layers.
-        checkpoint = cfg.checkpoint_activations
-        if checkpoint:
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+        return wrap_layer(layer, cfg)

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
 from ..modules import CrossRFAttention
 from ..validation import divisible_heads
-from .quantize import InferenceConfig, InferenceMixin
+from ..inference import InferenceConfig, InferenceMixin
 from .rfa_decoder import RFATransformerDecoder, SoftmaxTransformerDecoder
 from .rfa_encoder import RFATransformerEncoder, SoftmaxTransformerEncoder
 from .translation_config import TranslationAttentionConfig, attention_config_from, fill_attention_defaults
@@ -77,9 +77,7 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def set_beam_size(self, beam_size):
-        """Called by fairseq's SequenceGenerator (for beams above 1): see BeamGroupedReorder and
-        SoftmaxCrossAttention."""
-        self.encoder.set_beam_size(beam_size)
+        """Called by fairseq's SequenceGenerator (for beams above 1): see ``modules/beam.py``."""
         self.decoder.set_beam_size(beam_size)
 
     @classmethod

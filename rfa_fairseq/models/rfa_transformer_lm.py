@@ -19,7 +19,7 @@ from fairseq.utils import safe_getattr
 
 from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
 from ..validation import divisible_heads
-from .quantize import InferenceConfig, InferenceMixin
+from ..inference import InferenceConfig, InferenceMixin
 from .rfa_decoder import RFATransformerDecoder
 
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field, fields
 
 from fairseq.dataclass import ChoiceEnum
 
-from ..config import RFA_FIELDS, refuse_changed
+from ..config import RFA_FIELDS, fill_defaults, read_fields, refuse_changed
 from ..validation import flag, one_of
-from .rfa_encoder import ENCODER_FIELDS, EncoderAttentionConfig, encoder_attention_config_from
+from .rfa_encoder import EncoderAttentionConfig, encoder_attention_config_from
 
 DECODER_ATTENTIONS = ("rfa", "softmax")
 CROSS_ATTENTIONS = ("rfa", "softmax")
@@ -45,25 +45,19 @@ class TranslationAttentionConfig(EncoderAttentionConfig):
 
 
 ATTENTION_FIELDS = tuple(f.name for f in fields(TranslationAttentionConfig))
-_DEFAULTS = TranslationAttentionConfig()
 
 
 def fill_attention_defaults(args):
-    """Architecture helper: set every missing attention choice (:data:`ATTENTION_FIELDS`) to its
-    default, as ``config.fill_rfa_defaults`` does for ``rfa_*``."""
-    for name in ATTENTION_FIELDS:
-        if getattr(args, name, None) is None:
-            setattr(args, name, getattr(_DEFAULTS, name))
+    """Architecture helper: set every missing attention choice (:data:`ATTENTION_FIELDS`) to its default."""
+    fill_defaults(TranslationAttentionConfig, args)
 
 
 def attention_config_from(args) -> TranslationAttentionConfig:
     """Read and validate the attention choices (and, with a softmax decoder, that no ``--rfa-*``
     flag was changed). Raises ValueError naming the offending flag."""
-    encoder = encoder_attention_config_from(args)
-    values = {}
+    values = dict(read_fields(TranslationAttentionConfig, args), **vars(encoder_attention_config_from(args)))
     for name, choices in (("decoder_attention", DECODER_ATTENTIONS), ("cross_attention", CROSS_ATTENTIONS)):
-        value = getattr(args, name, None)
-        values[name] = one_of(flag(name), getattr(_DEFAULTS, name) if value is None else value, choices)
+        values[name] = one_of(flag(name), values[name], choices)
     if values["decoder_attention"] == "softmax":
         refuse_changed(args, RFA_FIELDS, "the RFA decoder", "with --decoder-attention softmax the decoder is fairseq's own")
         if values["cross_attention"] != "softmax":
@@ -73,5 +67,5 @@ def attention_config_from(args) -> TranslationAttentionConfig:
     if values["cross_attention"] == "softmax":
         refuse_changed(args, RFA_CROSS_FIELDS, "RFA cross attention",
                        "with --cross-attention softmax (the default) the cross attention is fairseq's own")
-    values["decoding_attention"] = bool(getattr(args, "decoding_attention", None))
-    return TranslationAttentionConfig(**{name: getattr(encoder, name) for name in ENCODER_FIELDS}, **values)
+    values["decoding_attention"] = bool(values["decoding_attention"])
+    return TranslationAttentionConfig(**values)

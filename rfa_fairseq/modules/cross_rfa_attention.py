@@ -22,12 +22,13 @@ from torch.utils.checkpoint import checkpoint
 from ..ops import (cross_rfa_apply, cross_rfa_quadratic, cross_rfa_state, cross_rfa_weights, key_norm_weights,
                    quadratic_is_cheaper)
 from ..ops.denominator import DEFAULT_EPS
+from .beam import BeamLayout
 from .heads import merge_heads, split_heads
 from .random_feature_map import RandomFeatureMap
 from .rfa_attention_base import IncrementalState, RFAttentionBase
 
 
-class CrossRFAttention(RFAttentionBase):
+class CrossRFAttention(BeamLayout, RFAttentionBase):
     """Non-causal random feature attention from decoder queries to encoder keys/values.
 
     Args:
@@ -47,11 +48,6 @@ class CrossRFAttention(RFAttentionBase):
                  norm_rescale: bool = False):
         super().__init__(embed_dim, num_heads, feature_map, kdim=kdim, bias=bias, eps=eps, recompute=recompute)
         self.abs_denominator, self.norm_rescale = abs_denominator, norm_rescale
-        self.beam_size = 1
-
-    def set_beam_size(self, beam_size: int):
-        """Called through the model by fairseq's SequenceGenerator."""
-        self.beam_size = beam_size
 
     def _source_state(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], rows: int,
                       keep_keys: bool) -> Dict[str, Optional[Tensor]]:
@@ -68,14 +64,6 @@ class CrossRFAttention(RFAttentionBase):
         if keep_keys:
             return {"k": k, "v": v, "key_padding_mask": key_padding_mask}
         return {"state": cross_rfa_state(k, v, key_padding_mask)}
-
-    def _rows_per_source(self, batch: int) -> int:
-        """How many consecutive rows of a decoding batch share one source: fairseq's beam."""
-        beam = self.beam_size
-        if beam > 1 and batch % beam != 0:
-            raise ValueError(f"beam search with beam {beam} needs a batch of whole sentences (a multiple of {beam} "
-                             f"rows, each sentence's beams side by side), got {batch} rows")
-        return beam
 
     def forward(
         self,
@@ -117,7 +105,7 @@ class CrossRFAttention(RFAttentionBase):
         if saved is None or (need_weights and "k" not in saved):
             if key is None:
                 raise ValueError("CrossRFAttention needs the encoder output on the first step")
-            rows = self._rows_per_source(B) if incremental_state is not None else 1
+            rows = self.rows_per_source(B) if incremental_state is not None else 1
             saved = self._source_state(key, value if value is not None else key, key_padding_mask, rows,
                                        keep_keys=need_weights)
             if incremental_state is not None:
@@ -159,14 +147,10 @@ class CrossRFAttention(RFAttentionBase):
         saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
         if saved is None:
             return incremental_state
-        rows = self.beam_size
         num_sources = next(iter(saved.values())).size(0)
-        if rows > 1:
-            if num_sources * rows == new_order.numel():
-                return incremental_state  # beams were reordered within their sentences
-            index = new_order.reshape(-1, rows)[:, 0] // rows
-        else:
-            index = new_order
+        if num_sources * self.beam_size == new_order.numel():
+            return incremental_state  # beams were reordered within their sentences
+        index = self.source_order(new_order)
         saved = {name: None if t is None else t.index_select(0, index) for name, t in saved.items()}
         self._set_input_buffer(incremental_state, saved)
         return incremental_state

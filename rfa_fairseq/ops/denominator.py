@@ -19,9 +19,6 @@ Gradients do not flow through a clamped denominator (it is a constant there). Wh
 is cast to fp16/bf16 it is clamped to the dtype's finite range, so a large but finite fp32 value
 never becomes inf.
 """
-import contextlib
-from typing import Dict, Iterator, Optional
-
 import torch
 from torch import Tensor
 
@@ -41,8 +38,6 @@ def as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
 
 def guard(den: Tensor, eps: float, absolute: bool = False) -> Tensor:
     """max(den, eps), or max(|den|, eps) with ``absolute``."""
-    if _counter is not None:
-        _counter.add(den, eps, absolute)
     return (den.abs() if absolute else den).clamp_min(eps)
 
 
@@ -60,35 +55,3 @@ def cast_finite(out: Tensor, out_dtype: torch.dtype) -> Tensor:
         limit = torch.finfo(out_dtype).max
         out = out.clamp(-limit, limit)
     return out.to(out_dtype)
-
-
-class ClampCounter:
-    """How many denominators :func:`guard` saw, and how many it clamped, by ``label`` (set by the
-    caller before each module runs; see ``scripts/rfa_diagnostics.py``)."""
-
-    def __init__(self):
-        self.label = ""
-        self.seen: Dict[str, int] = {}
-        self.clamped: Dict[str, int] = {}
-        self.negative: Dict[str, int] = {}
-
-    def add(self, den: Tensor, eps: float, absolute: bool):
-        d = den.detach()
-        self.seen[self.label] = self.seen.get(self.label, 0) + d.numel()
-        self.clamped[self.label] = self.clamped.get(self.label, 0) + int(((d.abs() if absolute else d) < eps).sum())
-        self.negative[self.label] = self.negative.get(self.label, 0) + int((d < 0).sum())
-
-
-_counter: Optional[ClampCounter] = None
-
-
-@contextlib.contextmanager
-def count_clamped() -> Iterator[ClampCounter]:
-    """Count the denominators clamped by every guard inside the block (diagnostics only: it
-    reads every denominator back, which synchronises a GPU)."""
-    global _counter
-    previous, _counter = _counter, ClampCounter()
-    try:
-        yield _counter
-    finally:
-        _counter = previous

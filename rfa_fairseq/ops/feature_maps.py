@@ -9,7 +9,8 @@ Training and decoding call the same :func:`feature_map`; a new kernel is one fun
 entry in :data:`FEATURE_MAPS`.
 """
 import math
-from typing import Callable, NamedTuple, Optional
+from types import MappingProxyType
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -109,12 +110,12 @@ class FeatureMapKind(NamedTuple):
     normalize: bool = True  # L2-normalise the inputs before sigma scales them
 
 
-FEATURE_MAPS = {
+FEATURE_MAPS = MappingProxyType({
     "gaussian": FeatureMapKind(random_fourier_features, lambda d, k: 2 * d, positive=False),
     "arccos": FeatureMapKind(arccos_features, lambda d, k: d, positive=True),
     "favor": FeatureMapKind(favor_features, lambda d, k: d, positive=True),
     "elu": FeatureMapKind(elu_features, lambda d, k: k, positive=True, normalize=False),
-}
+})
 KERNELS = tuple(FEATURE_MAPS)
 POSITIVE_KERNELS = tuple(name for name, kind in FEATURE_MAPS.items() if kind.positive)
 
@@ -140,3 +141,30 @@ def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) ->
     if kind.normalize:
         x = l2_normalize(x)
     return kind.fn(x * sigma.to(x.dtype)[:, None, :], random_matrix.to(x.dtype))
+
+
+def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor) -> Tuple[Tensor, Tensor]:
+    """The ``gaussian`` feature map precomputed for decoding (:func:`gaussian_step_features`): the
+    random matrix with sigma folded in (``(sigma * x) . w == x . (sigma * w)``), twice side by side,
+    and the phases ``[0, pi/2]`` that turn the second half's sines into cosines
+    (``cos(a) == sin(a + pi/2)``), so that one bmm and one sine make ``[sin | cos]``.
+
+    Args: random_matrix ``[H, D, K]``; sigma ``[H, K]``. Returns: ``projection [H, K, 2 D]`` and
+    ``phase [2 D]``, in fp32 (fp64 for fp64 inputs).
+    """
+    acc = compute_dtype(random_matrix)
+    w = (random_matrix.to(acc) * sigma.to(acc).unsqueeze(1)).transpose(1, 2)  # [H, K, D]
+    D = w.size(-1)
+    phase = torch.cat([w.new_zeros(D), w.new_full((D,), math.pi / 2)])
+    return torch.cat([w, w], dim=-1).contiguous(), phase
+
+
+def gaussian_step_features(x: Tensor, projection: Tensor, phase: Tensor) -> Tensor:
+    """``feature_map("gaussian", x, sigma, random_matrix)`` for ``x [..., H, K]`` (a decoding step's
+    queries and keys) from :func:`gaussian_step_weights`: ``[..., H, 2 D]`` in the dtype of
+    ``projection``, in a third fewer operators."""
+    *lead, H, K = x.shape
+    x = l2_normalize(x.to(projection.dtype)).reshape(-1, H, K).transpose(0, 1)  # [H, N, K]
+    # bmm then add_, not baddbmm: baddbmm copies the broadcast phases into its output first
+    phi = torch.bmm(x, projection).add_(phase).sin_().mul_((projection.size(-1) // 2) ** -0.5)  # D^-1/2
+    return phi.view(H, *lead, -1).movedim(0, -2)

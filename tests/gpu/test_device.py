@@ -56,8 +56,8 @@ def test_chunked_causal_rfa_on_the_device_matches_the_naive_loop(gated):
         (out.sum() + S.sum() + z.sum()).backward()
         return out, S, z
 
-    out_r, S_r, z_r = run(lambda *a: naive_causal_rfa(*a, return_state=True), ref_inputs)
-    out_d, S_d, z_d = run(lambda *a: chunk_causal_rfa(*a, return_state=True, chunk_size=16), dev_inputs)
+    out_r, S_r, z_r = run(lambda *a: naive_causal_rfa(*a, output_final_state=True), ref_inputs)
+    out_d, S_d, z_d = run(lambda *a: chunk_causal_rfa(*a, output_final_state=True, chunk_size=16), dev_inputs)
     assert out_d.device.type == DEVICE.type
     for got, ref in ((out_d, out_r), (S_d, S_r), (z_d, z_r)):
         torch.testing.assert_close(got.detach().cpu().double(), ref.detach(), rtol=1e-4, atol=1e-5)

@@ -55,8 +55,6 @@ def test_translation_model_structure(translation_model):
     (["--rfa-eps", "0"], "--rfa-eps"),
     (["--rfa-init-sigma", "-1"], "--rfa-init-sigma"),
     (["--rfa-gate", "--rfa-gate-bias", "nan"], "--rfa-gate-bias"),
-    (["--rfa-mmap-threshold", "-1"], "--rfa-mmap-threshold"),
-    (["--rfa-mmap-threshold", str(2 ** 31)], "--rfa-mmap-threshold"),
     (["--rfa-gate-form", "decay"], "need --rfa-gate"),
     (["--rfa-gate-bias", "3"], "need --rfa-gate"),
     (["--decoder-attention-heads", "5"], "--decoder-attention-heads"),

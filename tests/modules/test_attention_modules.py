@@ -30,7 +30,7 @@ def test_causal_module_matches_naive_with_padding(gate, recompute):
     out, weights = attn(x, x, x, key_padding_mask=mask)
     assert weights is None
     q, k, v, log_g = attn._project(x, mask)
-    ref = attn.out_proj(merge_heads(naive_causal_rfa(q, k, v, log_g)))
+    ref = attn.out_proj(merge_heads(naive_causal_rfa(q, k, v, log_g)[0]))
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
     params = [p for p in attn.parameters() if p.requires_grad] + [x]
     g1 = torch.autograd.grad(out.square().sum(), params)
@@ -197,19 +197,23 @@ def test_causal_decoding_state_is_one_packed_tensor_updated_in_place(gate):
     torch.testing.assert_close(out, full[1:5], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel", ["gaussian", "arccos"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-@pytest.mark.parametrize("gate", [False, True], ids=["rfa", "gate"])
-def test_fused_input_projection_agrees_with_the_separate_layers(gate, bias):
-    """fuse_projections_ (inference): whole-sequence and step-by-step outputs and the decoding
-    state equal the separate layers'; the separate parameters are views of the fused ones (a
-    loaded state dict reaches both); state_dict keeps its keys; training uses the separate layers."""
+@pytest.mark.parametrize("gate", [False, "convex", "decay"], ids=["rfa", "gate", "decay"])
+def test_decoding_form_agrees_with_the_training_form(gate, bias, kernel):
+    """rfa_fairseq.inference's conversion (one in_proj; for gaussian, the precomputed feature map):
+    whole-sequence outputs with padding, step-by-step outputs and the decoding state equal the
+    training form's; the separate layers are gone, and the converted module refuses to train."""
+    from rfa_fairseq.inference import fuse_causal_rfa_
+
     torch.manual_seed(5)
-    ref = CausalRFAttention(C, H, fmap(), gate=gate, bias=bias, chunk_size=4).double().eval()
-    attn = CausalRFAttention(C, H, fmap(), gate=gate, bias=bias, chunk_size=4).double().eval()
+    kw = dict(gate=bool(gate), gate_form=gate or "convex", bias=bias, chunk_size=4)
+    ref = CausalRFAttention(C, H, fmap(kernel=kernel), **kw).double().eval()
+    attn = CausalRFAttention(C, H, fmap(kernel=kernel), **kw).double().eval()
     attn.load_state_dict(ref.state_dict())
-    keys = sorted(attn.state_dict())
-    attn.fuse_projections_()
-    assert attn.in_proj.out_features == 3 * C + (H if gate else 0) and sorted(attn.state_dict()) == keys
+    fuse_causal_rfa_(attn)
+    assert attn.in_proj.out_features == 3 * C + (H if gate else 0) and attn.q_proj is None
+    assert (attn.step_projection is not None) == (kernel == "gaussian")
     x = torch.randn(10, 3, C, dtype=torch.float64)
     mask = _left_pad_mask([10, 7, 3], 10)
     with torch.no_grad():
@@ -218,42 +222,29 @@ def test_fused_input_projection_agrees_with_the_separate_layers(gate, bias):
         states = {}, {}
         for t in range(10):
             a, b = (m(x[t : t + 1], incremental_state=s)[0] for m, s in zip((attn, ref), states))
-            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(attn._get_input_buffer(states[0])["state"], ref._get_input_buffer(states[1])["state"],
-                                   rtol=1e-12, atol=1e-12)
-        # one set of numbers: new weights loaded into the separate layers reach the fused one
-        other = CausalRFAttention(C, H, fmap(), gate=gate, bias=bias).double()
-        attn.load_state_dict(other.state_dict())
-        torch.testing.assert_close(attn(x)[0], other.eval()(x)[0], rtol=1e-12, atol=1e-12)
-    attn.train()
-    attn(x)[0].sum().backward()
-    assert attn.q_proj.weight.grad is not None and attn.in_proj.weight.grad is None
+                                   rtol=1e-10, atol=1e-12)
+    with pytest.raises(RuntimeError, match="converted for inference"):
+        attn.train()(x)
 
 
-@pytest.mark.parametrize("case", ["fused", "arccos", "unfused", "grad", "padding"])
-def test_inference_steps_take_the_gaussian_step_only_where_it_applies(case, monkeypatch):
-    """fairseq-generate's steps (fused projection, evaluation, no autograd, ``gaussian``, no padding)
-    take ``ops.gaussian_recurrent_step``; every other step takes the general path; both agree with
-    a whole-sequence pass (the ops test compares the two steps exactly)."""
-    import rfa_fairseq.modules.causal_rfa_attention as module
-
-    calls = []
-    step = module.gaussian_recurrent_step
-    monkeypatch.setattr(module, "gaussian_recurrent_step", lambda *a, **kw: calls.append(1) or step(*a, **kw))
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+@pytest.mark.parametrize("padding", [False, True], ids=["plain", "padding"])
+def test_steps_equal_a_whole_sequence_pass(grad, padding):
+    """Token by token through the incremental state (a step each; with a padding mask, the chunked
+    form from the state) equals one pass over the whole sequence, under autograd or not."""
     torch.manual_seed(6)
-    attn = CausalRFAttention(C, H, fmap(kernel="arccos" if case == "arccos" else "gaussian"), gate=True).double().eval()
-    if case != "unfused":
-        attn.fuse_projections_()
+    attn = CausalRFAttention(C, H, fmap(), gate=True).double().eval()
     x = torch.randn(6, 2, C, dtype=torch.float64)
     with torch.no_grad():
         full = attn(x)[0]
-    with torch.set_grad_enabled(case == "grad"):
+    with torch.set_grad_enabled(grad):
         state, outs = {}, []
         for t in range(6):
-            mask = torch.zeros(2, 1, dtype=torch.bool) if case == "padding" else None
+            mask = torch.zeros(2, 1, dtype=torch.bool) if padding else None
             outs.append(attn(x[t : t + 1], key_padding_mask=mask, incremental_state=state)[0])
     torch.testing.assert_close(torch.cat(outs), full, rtol=1e-9, atol=1e-10)
-    assert len(calls) == (6 if case == "fused" else 0)
 
 
 def test_causal_incremental_reorder_follows_new_order():

@@ -1,11 +1,11 @@
-"""CausalRFAttention with a CarriedState (stateful language models): blocks chained through the
-carried state equal one pass over their concatenation, the state equals the naive reference's,
-gradients stay inside the block (truncated BPTT), and the draw is held while a state is carried."""
+"""CausalRFAttention carrying its state from block to block, as a stateful language model's
+``stream_state`` drives it (several tokens at a time with ``incremental_state`` and the padding
+mask): blocks equal one pass over their concatenation, the state equals the naive reference's,
+gradients reach the state carried in (the caller detaches it, or not), and pads leave it."""
 import pytest
 import torch
 
 from rfa_fairseq.modules import CausalRFAttention, RandomFeatureMap
-from rfa_fairseq.modules.causal_rfa_attention import CarriedState
 from rfa_fairseq.modules.heads import merge_heads
 from rfa_fairseq.ops import naive_causal_rfa
 
@@ -19,87 +19,59 @@ def attention(recompute=False, **gate):
     return CausalRFAttention(C, H, RandomFeatureMap(H, C // H, 40), chunk_size=5, recompute=recompute, **gate)
 
 
+def block(attn, x, state, pad=None):
+    """One block ``x [T, B, C]`` from the state in ``state`` (a dict), as the decoder passes it."""
+    pad = torch.zeros(x.size(1), x.size(0), dtype=torch.bool) if pad is None else pad
+    return attn(x, key_padding_mask=pad, incremental_state=state)[0]
+
+
+def carried(attn, state):
+    return attn._get_input_buffer(state)["state"]
+
+
 @pytest.mark.parametrize("recompute", [False, True], ids=["store", "recompute"])
 @pytest.mark.parametrize("gate", GATES)
 def test_blocks_with_carried_state_equal_one_pass(gate, recompute):
-    """fp32, outputs and final state within 1e-5 of one pass over the concatenation (the
-    concatenation's own state is the naive reference's)."""
+    """fp32, under autograd: outputs and final state within 1e-5 of one pass over the concatenation
+    (the concatenation's own state is the naive reference's)."""
     attn = attention(recompute, **gate).eval()
     x = torch.randn(37, 4, C)
     whole, _ = attn(x)
-    q, k, v, log_g = attn._project(x, None)
-    _, final = naive_causal_rfa(q, k, v, log_g, return_state=True, convex=attn.convex)
-    attn.carry = CarriedState()
-    blocks = [attn(x[a:b])[0] for a, b in ((0, 11), (11, 12), (12, 30), (30, 37))]
+    _, final = naive_causal_rfa(*attn._project(x, None), output_final_state=True, convex=attn.convex)
+    state = {}
+    blocks = [block(attn, x[a:b], state) for a, b in ((0, 11), (11, 12), (12, 30), (30, 37))]
     torch.testing.assert_close(torch.cat(blocks), whole, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(attn.carry.state, final, rtol=1e-5, atol=1e-5)
-    assert not attn.carry.state.requires_grad
+    torch.testing.assert_close(carried(attn, state), final, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("gate", GATES)
-def test_gradients_stop_at_the_carried_state(gate):
-    """Training on the second block: outputs and gradients equal the naive reference started from
-    the first block's state as a constant (fp64, tight)."""
+def test_gradients_reach_the_carried_state(gate):
+    """Training on the second block: outputs and gradients (parameters, the block's input and the
+    state carried in) equal the naive reference started from the first block's state (fp64)."""
     attn = attention(**gate).double().eval()
     x1, x2 = torch.randn(9, 2, C, dtype=torch.float64), torch.randn(13, 2, C, dtype=torch.float64, requires_grad=True)
-    attn.carry = CarriedState()
-    attn(x1)
-    start = attn.carry.state.clone()
-    out, _ = attn(x2)
-    q, k, v, log_g = attn._project(x2, None)
-    ref = attn.out_proj(merge_heads(naive_causal_rfa(q, k, v, log_g, state=start,
-                                                     convex=attn.convex)))
+    state = {}
+    with torch.no_grad():
+        block(attn, x1, state)
+    start = carried(attn, state).clone().requires_grad_()
+    attn._set_input_buffer(state, {"state": start})
+    out = block(attn, x2, state)
+    o, _ = naive_causal_rfa(*attn._project(x2, None), initial_state=start, convex=attn.convex)
+    ref = attn.out_proj(merge_heads(o))
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
-    params = [p for p in attn.parameters() if p.requires_grad] + [x2]
-    for a, b in zip(torch.autograd.grad(out.square().sum(), params), torch.autograd.grad(ref.square().sum(), params)):
+    params = [p for p in attn.parameters() if p.requires_grad] + [x2, start]
+    grads = torch.autograd.grad(out.square().sum(), params)
+    for a, b in zip(grads, torch.autograd.grad(ref.square().sum(), params)):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-9)
+    assert grads[-1].abs().sum() > 0
 
 
 def test_padding_at_the_end_of_a_block_leaves_the_carried_state():
     """A short last block is right-padded: the pads neither write nor decay the state."""
     attn = attention(gate=True).eval()
     x = torch.randn(6, 2, C)
-    attn.carry = CarriedState()
-    attn(x[:4])
-    short = attn.carry.state
-    attn.carry = CarriedState()
-    attn(x, key_padding_mask=torch.arange(6)[None, :].expand(2, 6) >= 4)
-    torch.testing.assert_close(attn.carry.state, short, rtol=1e-6, atol=1e-6)
-
-
-def test_training_holds_the_draw_while_a_state_is_carried():
-    """In training the feature map redraws at every update; a carried state keeps the draw it
-    was written with, and a fresh carry takes the current update's draw."""
-    attn = attention().train()
-    x = torch.randn(5, 2, C)
-    attn.feature_map.set_num_updates(1)
-    attn.carry = CarriedState()
-    attn(x)
-    held = attn.carry.random_matrix.clone()
-    torch.testing.assert_close(held, attn.feature_map.random_matrix, rtol=0, atol=0)
-    attn.feature_map.set_num_updates(2)
-    attn(x)
-    assert torch.equal(attn.carry.random_matrix, held)
-    attn.carry = CarriedState()
-    attn(x)
-    assert not torch.equal(attn.carry.random_matrix, held)
-
-
-def test_carried_state_rows_must_match_the_batch():
-    attn = attention().eval()
-    attn.carry = CarriedState()
-    attn(torch.randn(3, 2, C))
-    with pytest.raises(ValueError, match="2 rows but this batch has 3"):
-        attn(torch.randn(3, 3, C))
-
-
-def test_incremental_decoding_ignores_the_carry():
-    """Decoding keeps its own state in incremental_state; a carry set on the module is untouched."""
-    attn = attention(gate=True).eval()
-    attn.carry = CarriedState()
-    x = torch.randn(4, 2, C)
+    short, padded = {}, {}
     with torch.no_grad():
-        state = {}
-        for t in range(4):
-            attn(x[t:t + 1], incremental_state=state)
-    assert attn.carry.state is None
+        block(attn, x[:4], short)
+        block(attn, x, padded, pad=torch.arange(6)[None, :].expand(2, 6) >= 4)
+    torch.testing.assert_close(carried(attn, padded), carried(attn, short), rtol=1e-6, atol=1e-6)

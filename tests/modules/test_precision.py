@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from rfa_test_utils import random_tokens
 from rfa_fairseq.modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap
 from rfa_fairseq.modules.heads import merge_heads, split_heads
+from rfa_fairseq.inference import fuse_causal_rfa_
 from rfa_fairseq.ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state
 
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
@@ -69,7 +70,7 @@ def long_run_reference():
             ref_attn = copy.deepcopy(attn).double()
             with torch.no_grad():
                 q, k, v, log_g = ref_attn._project(x.double(), None)
-                o, state = chunk_causal_rfa(q, k, v, log_g, return_state=True, eps=attn.eps,
+                o, state = chunk_causal_rfa(q, k, v, log_g, output_final_state=True, eps=attn.eps,
                                             chunk_size=attn.chunk_size)
                 S, z = state[..., :-1], state[..., -1]
                 out = ref_attn.out_proj(merge_heads(o))
@@ -89,11 +90,11 @@ def _rel_err(actual, expected):
 @pytest.mark.parametrize("gate", GATES)
 def test_16k_step_decoding_stays_finite_bounded_and_accurate(long_run_reference, gate, dtype, fused):
     """The general step, and the fused projection's step that fairseq-generate takes after
-    ``prepare_for_inference_`` (``ops.gaussian_recurrent_step``)."""
+    ``prepare_for_inference_`` (rfa_fairseq.inference: the precomputed gaussian feature map)."""
     attn, x, ref, S_ref, z_ref = long_run_reference(gate, dtype)
     if fused:
         attn = copy.deepcopy(attn)
-        attn.fuse_projections_()
+        fuse_causal_rfa_(attn)
     outs = torch.empty(STEPS, BATCH, EMBED, dtype=dtype)
     state = {}
     checkpoints = {1, 2, 100, 1024, 4096, 8192, STEPS}
@@ -103,11 +104,7 @@ def test_16k_step_decoding_stays_finite_bounded_and_accurate(long_run_reference,
             outs[t] = o[0]
             if t + 1 in checkpoints:
                 buf = attn._get_input_buffer(state)
-                # the fused step also keeps the feature map's projection, made once at the first step
-                assert set(buf) == ({"state", "projection", "phase"} if fused else {"state"}), \
-                    f"step {t + 1}: state holds {sorted(buf)}"
-                if fused:
-                    assert buf["projection"].shape == (HEADS, HEAD_DIM, PHI_DIM) and buf["phase"].shape == (PHI_DIM,)
+                assert set(buf) == {"state"}, f"step {t + 1}: state holds {sorted(buf)}"
                 S, z = buf["state"][..., :-1], buf["state"][..., -1]
                 assert S.dtype == torch.float32 and z.dtype == torch.float32, f"step {t + 1}: {S.dtype}/{z.dtype}"
                 assert S.shape == (BATCH, HEADS, PHI_DIM, HEAD_DIM), f"step {t + 1}: S {tuple(S.shape)}"
@@ -210,7 +207,7 @@ class _ClampedFraction:
         query = kwargs["query"] if "query" in kwargs else args[0]
         if isinstance(module, CausalRFAttention):
             q, k, _, log_g = module._project(query, kwargs.get("key_padding_mask"))
-            ratio = chunk_causal_rfa(q, k, q.new_ones(*q.shape[:3], 1), log_g, eps=module.eps)
+            ratio, _ = chunk_causal_rfa(q, k, q.new_ones(*q.shape[:3], 1), log_g, eps=module.eps)
             self.fractions["self"].append((ratio < 1).float().mean().item())
         else:
             key = kwargs["key"] if "key" in kwargs else args[1]

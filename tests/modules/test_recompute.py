@@ -135,13 +135,13 @@ def test_recompute_applies_only_under_autograd_and_not_to_decoding():
     attn = CausalRFAttention(C, H, fmap(), gate=True, recompute=True).eval()
     x = torch.randn(7, 2, C)
     calls = []
-    original = attn._chunked
+    original = attn._segment
 
     def counted(*a, **kw):
         calls.append(torch.is_grad_enabled())
         return original(*a, **kw)
 
-    attn._chunked = counted
+    attn._segment = counted
     with torch.no_grad():
         plain, _ = attn(x)
     assert calls == [False]
@@ -168,8 +168,6 @@ def test_segments_equal_the_whole_sequence(gate, carry):
     """Outputs, gradients (inputs, every parameter, the entering state) and the final state of a
     sequence taken in segments of 48 (not a multiple of the length, nor of the chunk) equal those
     of the sequence taken whole with every intermediate kept."""
-    from rfa_fairseq.modules.causal_rfa_attention import CarriedState
-
     whole, segmented = _causal(gate, 0), _causal(gate, 48)
     x = torch.randn(130, 2, C, dtype=torch.float64, requires_grad=True)
     mask = torch.arange(130)[None, :] < torch.tensor([[0], [37]])  # left padding
@@ -177,8 +175,7 @@ def test_segments_equal_the_whole_sequence(gate, carry):
     state0 = torch.randn(2, H, Fd, C // H + 1, dtype=torch.float64).abs().requires_grad_() if carry else None
     results = []
     for attn in (whole, segmented):
-        matrix = attn.feature_map.matrix_for_recompute()
-        out, final = attn._whole(x, mask, matrix, state0, return_state=True)
+        out, final = attn._tokens(x, mask, state0, output_final_state=True)
         loss = out.square().sum() + final.square().sum()
         inputs = [x] + ([state0] if carry else [])
         params = [p for name, p in attn.named_parameters() if not name.startswith("out_proj")]  # not used here
@@ -191,11 +188,12 @@ def test_segments_equal_the_whole_sequence(gate, carry):
     # the module's own entry point takes the same path
     torch.testing.assert_close(segmented(x, key_padding_mask=mask)[0], whole(x, key_padding_mask=mask)[0],
                                rtol=1e-10, atol=1e-12)
-    if carry:  # and a stateful stream's block carries the same state on
-        for attn in (whole, segmented):
-            attn.carry = CarriedState()
-            attn(x)
-        torch.testing.assert_close(segmented.carry.state, whole.carry.state, rtol=1e-10, atol=1e-12)
+    if carry:  # and a block of a stateful stream (an incremental call of many tokens) carries the same state on
+        states = [{}, {}]
+        for attn, state in zip((whole, segmented), states):
+            attn(x, incremental_state=state)
+        torch.testing.assert_close(segmented._get_input_buffer(states[1])["state"],
+                                   whole._get_input_buffer(states[0])["state"], rtol=1e-10, atol=1e-12)
 
 
 def test_segments_bound_the_backward_peak():

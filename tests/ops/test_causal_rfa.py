@@ -1,4 +1,6 @@
-"""Causal RFA: the chunked parallel form and the recurrent step against the naive reference.
+"""Causal RFA: the chunked parallel form, the recurrent form and its step against the naive
+reference, all through one contract: ``(q, k, v, log_g, initial_state, output_final_state) ->
+(out, final_state or None)``.
 
 Layouts: q, k ``[B, H, T, F]``, v ``[B, H, T, K]``, log_g ``[B, H, T]``; the ops take and return the
 state packed as ``[S | z]`` ``[B, H, F, K + 1]``, which these tests split into ``(S, z)`` to compare
@@ -14,14 +16,15 @@ import torch.nn.functional as F
 from rfa_fairseq.ops import (
     chunk_causal_rfa,
     feature_map,
-    gaussian_recurrent_step,
+    gaussian_step_features,
     gaussian_step_weights,
     guarded_ratio,
     naive_causal_rfa,
+    recurrent_causal_rfa,
     recurrent_causal_rfa_step,
     sample_random_matrix,
 )
-from rfa_fairseq.ops.denominator import DEFAULT_EPS, count_clamped
+from rfa_fairseq.ops.denominator import DEFAULT_EPS
 
 B, H = 2, 3
 
@@ -90,15 +93,19 @@ def run_recurrent(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, inpl
 
 def run_chunk(chunk_size, convex=True):
     def fn(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS):
-        out, state = chunk_causal_rfa(q, k, v, log_g, state=join(initial_state), return_state=True, eps=eps,
-                                      chunk_size=chunk_size, convex=convex)
+        out, state = chunk_causal_rfa(q, k, v, log_g, join(initial_state), True, eps=eps, convex=convex,
+                                      chunk_size=chunk_size)
         return out, split(state)
     return fn
 
 
 def run_naive(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, convex=True):
-    out, state = naive_causal_rfa(q, k, v, log_g, state=join(initial_state), return_state=True, eps=eps,
-                                  convex=convex)
+    out, state = naive_causal_rfa(q, k, v, log_g, join(initial_state), True, eps=eps, convex=convex)
+    return out, split(state)
+
+
+def run_recurrent_form(q, k, v, log_g=None, initial_state=None, eps=DEFAULT_EPS, convex=True):
+    out, state = recurrent_causal_rfa(q, k, v, log_g, join(initial_state), True, eps=eps, convex=convex)
     return out, split(state)
 
 
@@ -182,6 +189,22 @@ def test_recurrent_steps_match_naive(gen, T, Fd, K, gate, chunk, features, init,
     ref = forward_and_grads(partial(run_naive, convex=convex), *inputs)
     got = forward_and_grads(partial(run_recurrent, convex=convex), *inputs)
     assert_same_run(got, ref, rtol, rtol, floor)
+    assert_same_run(forward_and_grads(partial(run_recurrent_form, convex=convex), *inputs), ref, rtol, rtol, floor)
+
+
+@pytest.mark.parametrize("form", [naive_causal_rfa, recurrent_causal_rfa, partial(chunk_causal_rfa, chunk_size=4)],
+                         ids=["naive", "recurrent", "chunk"])
+@pytest.mark.parametrize("T", [0, 5], ids=["T0", "T5"])
+def test_final_state_only_when_asked(gen, form, T):
+    """One contract: ``(out, None)`` unless ``output_final_state``; with no tokens the final state
+    is the initial one (zeros without one)."""
+    q, k, v, log_g, state = make_inputs(gen, T, 12, 5, True, True)
+    out, none = form(q, k, v, log_g, join(state))
+    assert out.shape == v.shape and none is None
+    _, final = form(q, k, v, log_g, None, True)
+    assert final.shape == (B, H, 12, 6) and final.dtype == torch.float32
+    if T == 0:
+        assert torch.equal(final, torch.zeros_like(final))
 
 
 @pytest.mark.parametrize("gate", [pytest.param(False, id="plain"), pytest.param(True, id="gate"),
@@ -212,8 +235,8 @@ def test_chunk_output_alone_matches_naive(gen, T, chunk, gate):
     convex = gate != "decay"
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v) + (() if log_g is None else (log_g,))]
     lg = leaves[3] if log_g is not None else None
-    out = chunk_causal_rfa(*leaves[:3], lg, chunk_size=chunk, convex=convex)
-    ref = naive_causal_rfa(*leaves[:3], lg, convex=convex)
+    out, _ = chunk_causal_rfa(*leaves[:3], lg, chunk_size=chunk, convex=convex)
+    ref, _ = naive_causal_rfa(*leaves[:3], lg, convex=convex)
     assert_close(out, ref, name="out")
     cot = torch.randn(out.shape, generator=gen)
     for name, a, b in zip("qkvg", torch.autograd.grad((out * cot).sum(), leaves),
@@ -249,6 +272,7 @@ def pad_mask(pattern, T, gen):
         pytest.param(run_chunk(7), id="chunk-C7"),
         pytest.param(run_chunk(64), id="chunk-C64>T"),
         pytest.param(run_recurrent, id="recurrent"),
+        pytest.param(run_recurrent_form, id="recurrent-form"),
     ],
 )
 def test_padding_leaves_state_unchanged(gen, impl, pattern, gate, init):
@@ -317,52 +341,41 @@ def test_recurrent_inplace_from_empty_state_does_not_alias_inputs(gen):
 @pytest.mark.parametrize("gate", [pytest.param(None, id="plain"), pytest.param("convex", id="gate"),
                                   pytest.param("decay", id="decay")])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
-def test_gaussian_step_equals_feature_map_and_recurrent_step(gen, gate, eps, dtype):
-    """The decoder's inference step (``gaussian_recurrent_step``, from the raw heads) against its
-    reference, ``feature_map`` then ``recurrent_causal_rfa_step``: outputs and the state at every
-    step, the state updated in place (made contiguous at the first token: reorders and later steps
-    read it whole), and the guard clamping the same denominators (the large floor clamps many;
-    ``gaussian`` features make some negative)."""
+def test_gaussian_step_features_feed_the_same_step(gen, gate, eps, dtype):
+    """The decoding form's feature map (``gaussian_step_features``, precomputed weights) against
+    ``feature_map``, and the step it feeds against the same step fed by ``feature_map``: features,
+    outputs and the in-place state at every token (the large floor makes the guard act; gaussian
+    features make some denominators negative)."""
     T, K, D = 12, 8, 5
     qk = torch.randn(B, T, 2, H, K, generator=gen, dtype=dtype) * 3
     v = torch.randn(B, T, H, K, generator=gen, dtype=dtype)
-    logit = None if gate is None else torch.randn(B, T, H, generator=gen, dtype=dtype) * 2
+    log_g = None if gate is None else F.logsigmoid(torch.randn(B, T, H, generator=gen, dtype=dtype) * 2)
     sigma = torch.rand(H, K, generator=gen, dtype=dtype) + 0.5
     w = sample_random_matrix("orthogonal", H, D, K, gen).to(dtype)
     rtol = 1e-10 if dtype == torch.float64 else 1e-5
-    convex = gate != "decay"
-    weights = gaussian_step_weights(w, sigma, dtype)
+    weights = gaussian_step_weights(w, sigma)
 
-    def fast(t, state):
-        before = state
-        o, state = gaussian_recurrent_step(qk[:, t], v[:, t], None if logit is None else logit[:, t], state,
-                                           *weights, eps=eps, convex=convex)
-        assert (state is before) if before is not None else state.is_contiguous()
-        return o, state
-
-    def reference(t, state):
-        phi = feature_map("gaussian", qk[:, t].transpose(1, 2), sigma, w)  # [B, H, 2, F]
-        return recurrent_causal_rfa_step(phi[:, :, 0], phi[:, :, 1], v[:, t],
-                                         None if logit is None else F.logsigmoid(logit[:, t]), state, eps=eps,
-                                         inplace=True, convex=convex)
-
-    def decode(step):
-        """Outputs and states at every step, and the guard's counts."""
-        with torch.no_grad(), count_clamped() as counter:
-            state, outs, states = None, [], []
+    def decode(features):
+        state, outs, states, clamped = None, [], [], 0
+        with torch.no_grad():
             for t in range(T):
-                o, state = step(t, state)
+                q, k = features(qk[:, t]).unbind(1)  # [B, H, F] each
+                o, state = recurrent_causal_rfa_step(q, k, v[:, t], None if log_g is None else log_g[:, t], state,
+                                                     eps=eps, convex=gate != "decay", inplace=True)
                 outs.append(o)
                 states.append(state.clone())
-        return outs, states, (counter.seen, counter.clamped, counter.negative)
+                clamped += int(((q.unsqueeze(-2) @ state[..., -1:]).squeeze(-1).squeeze(-1) < eps).sum())
+        return outs, states, clamped
 
-    (fast_outs, fast_states, fast_counts), (outs, states, counts) = decode(fast), decode(reference)
+    fast = lambda x: gaussian_step_features(x, *weights)  # noqa: E731
+    reference = lambda x: feature_map("gaussian", x.transpose(1, 2), sigma, w).transpose(1, 2)  # noqa: E731
+    torch.testing.assert_close(fast(qk[:, 0]), reference(qk[:, 0]), rtol=rtol, atol=rtol)
+    (fast_outs, fast_states, _), (outs, states, clamped) = decode(fast), decode(reference)
     for t in range(T):
         torch.testing.assert_close(fast_outs[t], outs[t], rtol=rtol, atol=rtol)
         torch.testing.assert_close(fast_states[t], states[t], rtol=rtol, atol=rtol)
-    assert fast_counts == counts
     if eps > DEFAULT_EPS:
-        assert sum(counts[1].values()) > 0, "the test should make the guard act"
+        assert clamped > 0, "the test should make the guard act"
 
 
 # ------------------------------------------------------------------ the denominator guard

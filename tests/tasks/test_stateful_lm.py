@@ -1,13 +1,18 @@
-"""Task rfa_stateful_lm: contiguous streams per batch row (and per rank), the state carried over
-blocks equal to one pass over their concatenation, resume, the softmax refusal, and the command
-lines (train, eval-lm with and without state, either kind of checkpoint)."""
+"""Task rfa_stateful_lm: contiguous streams per batch row (and per rank) for validation and
+evaluation, the burn-in of shuffled training blocks, the state carried over blocks equal to one pass
+over their concatenation (valid steps, eval-lm's loop, the burn-in), the refusals (softmax models,
+removed settings in a command line, a config or a checkpoint), and the command lines."""
+import argparse
 import re
 
 import pytest
 import torch
+from fairseq import checkpoint_utils, options, tasks, utils
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf, gen_parser_from_dataclass
+from fairseq.sequence_scorer import SequenceScorer
+from omegaconf import OmegaConf
 
-from rfa_fairseq.modules.causal_rfa_attention import CarriedState
-from rfa_fairseq.tasks.stateful_lm import causal_rfa_modules, stream_layout
+from rfa_fairseq.tasks.stateful_lm import StatefulLMConfig, stream_layout
 from rfa_test_utils import TINY_DECODER, USER_DIR, build_from_cli, multi30k_lm_bin, run_cli
 
 BLOCK = 16
@@ -15,6 +20,8 @@ TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--no-progress-bar", "--log-inte
          "--num-workers", "0", "--seed", "3"]
 SMALL = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
          "--decoder-attention-heads", "4", "--rfa-chunk-size", "8", "--rfa-causal-feature-dim", "16"]
+# a gate that starts near 0.95 remembers across blocks, so carried state and none differ
+MEMORY = ["--no-token-positional-embeddings", "--rfa-gate", "--rfa-gate-bias", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -22,24 +29,33 @@ def lm_data(tmp_path_factory):
     return multi30k_lm_bin(tmp_path_factory.mktemp("lm"), (("train", 200), ("valid", 30), ("test", 30)))
 
 
-def stateful(data, *extra, arch="rfa_transformer_lm"):
-    """The task and a tiny model; training on contiguous streams (--burn-in-blocks 0) unless ``extra`` says."""
+def cli(data, *extra, arch="rfa_transformer_lm"):
+    return [str(data), "--user-dir", USER_DIR, "--task", "rfa_stateful_lm", "--tokens-per-sample", str(BLOCK),
+            "--arch", arch, *TINY_DECODER, *extra]
+
+
+def stateful(data, *extra, arch="rfa_transformer_lm", splits=("train", "valid")):
+    """The task (with ``splits`` loaded) and a tiny model."""
     torch.manual_seed(0)
-    extra = extra if "--burn-in-blocks" in extra else ("--burn-in-blocks", "0") + extra
-    task, model, _ = build_from_cli(data, ["--task", "rfa_stateful_lm", "--tokens-per-sample", str(BLOCK),
-                                           "--arch", arch] + TINY_DECODER + list(extra))
+    task, model, _ = build_from_cli(data, cli(data, *extra, arch=arch)[3:])
+    for split in splits:
+        task.load_dataset(split)
     return task, model
+
+
+def criterion(task, data):
+    return task.build_criterion(build_from_cli(data, cli(data)[3:])[2])
 
 
 def text_tokens(task, split):
     """The whole split as fairseq's indexed dataset holds it: one token stream."""
-    blocks = task.dataset(split).blocks
+    blocks = task.dataset(split)
     return torch.cat([blocks.dataset[i] for i in range(len(blocks.dataset))])
 
 
-def batches(task, split, rows, num_shards=1, shard_id=0, groups=None):
+def batches(task, split, rows, num_shards=1, shard_id=0, epoch=1):
     itr = task.get_batch_iterator(task.dataset(split), max_sentences=rows, num_shards=num_shards, shard_id=shard_id,
-                                  groups=groups)
+                                  seed=3, epoch=epoch)
     return list(itr.next_epoch_itr(shuffle=True))
 
 
@@ -63,39 +79,29 @@ def test_stream_layout():
         stream_layout(10, 0)
 
 
-@pytest.mark.parametrize("shards,groups", [(1, 1), (2, 1), (1, 3), (2, 2)],
-                         ids=["1-rank", "2-ranks", "1-rank-3-groups", "2-ranks-2-groups"])
-def test_every_row_continues_its_text(lm_data, shards, groups):
-    """Read row by row, the batches of every rank and group give back the text in order: each
-    row's targets are a contiguous piece of the text, rows follow each other (rank 0's groups in
-    turn, then rank 1's), every token is a target exactly once, and each block's first input is
-    the previous block's last target (the token before it in the text). Consecutive batches take
-    turns among the groups."""
-    task, _ = stateful(lm_data, "--stream-groups", str(groups))
-    task.load_dataset("train")
-    text = text_tokens(task, "train")
-    rows, targets = 3, []
+@pytest.mark.parametrize("shards", [1, 2], ids=["1-rank", "2-ranks"])
+def test_every_row_continues_its_text(lm_data, shards):
+    """Read row by row, the valid batches of every rank give back the text in order: each row's
+    targets are a contiguous piece of the text, rows follow each other (rank 0's, then rank 1's),
+    every token is a target exactly once, each block's first input is the previous block's last
+    target, and every rank has the same number of batches, columns 0, 1, ... in order."""
+    task, _ = stateful(lm_data, splits=("valid",))
+    text, rows, targets, counts = text_tokens(task, "valid"), 3, [], set()
     for shard in range(shards):
-        samples = batches(task, "train", rows, shards, shard)
-        assert all(s["target"].size(0) == rows and s["stream"] == "train" for s in samples)
-        turns = [(s["group"], s["block"]) for s in samples]
-        assert turns == sorted(turns, key=lambda gb: (gb[1], gb[0])), "groups take turns column by column"
-        assert len(set(turns)) == len(turns)
-        if shards == 1:
-            assert all(s["ntokens"] > 0 for s in samples), "a batch of padding only is skipped"
-        for g in range(groups):
-            mine = [s for s in samples if s["group"] == g]
-            assert [s["block"] for s in mine] == list(range(len(mine)))
-            for r, (src, tgt) in enumerate(row_streams(task, mine)):
-                targets.append(tgt)
-                if len(tgt):
-                    assert torch.equal(src[1:], tgt[:-1]), f"rank {shard} group {g} row {r}: inputs are not the targets shifted"
+        samples = batches(task, "valid", rows, shards, shard)
+        assert [s["block"] for s in samples] == list(range(len(samples)))
+        assert all(s["target"].size(0) == rows and "burn_in" not in s for s in samples)
+        counts.add(len(samples))
+        for r, (src, tgt) in enumerate(row_streams(task, samples)):
+            targets.append(tgt)
+            if len(tgt):
+                assert torch.equal(src[1:], tgt[:-1]), f"rank {shard} row {r}: inputs are not the targets shifted"
     assert torch.equal(torch.cat(targets), text)
+    assert len(counts) == 1
 
 
 def test_batches_have_whole_blocks_and_count_real_tokens(lm_data):
-    task, _ = stateful(lm_data)
-    task.load_dataset("valid")
+    task, _ = stateful(lm_data, splits=("valid",))
     samples = batches(task, "valid", 4)
     pad = task.dictionary.pad()
     for s in samples:
@@ -105,147 +111,67 @@ def test_batches_have_whole_blocks_and_count_real_tokens(lm_data):
     assert sum(s["ntokens"] for s in samples) == len(text_tokens(task, "valid"))
 
 
-def test_batches_of_padding_only_are_skipped(lm_data):
-    """Many groups over a short split: the last groups' streams run out early (or hold no text at
-    all); their empty batches are skipped, and every token is still a target once."""
-    task, _ = stateful(lm_data, "--stream-groups", "8")
-    task.load_dataset("valid")
-    blocks = len(task.dataset("valid"))
-    samples = batches(task, "valid", 2)
-    columns = -(-blocks // 16)
-    assert len(samples) < 8 * columns, "the test needs a layout with empty batches"
-    assert all(s["ntokens"] > 0 for s in samples)
-    assert sum(s["ntokens"] for s in samples) == len(text_tokens(task, "valid"))
-
-
-def test_resume_keeps_the_stream_position(lm_data):
-    """fairseq saves the iterator's position in the checkpoint: a new iterator loaded from it
-    continues with the next batch of every row; the task then starts the carried states afresh."""
-    task, model = stateful(lm_data)
-    task.load_dataset("train")
-    whole = batches(task, "train", 2)
-    itr = task.get_batch_iterator(task.dataset("train"), max_sentences=2)
-    epoch = itr.next_epoch_itr(shuffle=True)
-    for _ in range(3):
-        next(epoch)
-    saved = itr.state_dict()
-    task2, _ = stateful(lm_data)
-    task2.load_dataset("train")
-    itr2 = task2.get_batch_iterator(task2.dataset("train"), max_sentences=2)
-    itr2.load_state_dict(saved)
-    resumed = list(itr2.next_epoch_itr(shuffle=True))
-    assert len(resumed) == len(whole) - 3
-    for a, b in zip(resumed, whole[3:]):
-        assert a["block"] == b["block"] and torch.equal(a["net_input"]["src_tokens"], b["net_input"]["src_tokens"])
-    task2.use_stream(model, resumed[0])
-    assert all(m.carry.state is None for m in causal_rfa_modules(model))
-
-
 @pytest.mark.parametrize("gate", [[], ["--rfa-gate"], ["--rfa-gate", "--rfa-gate-form", "decay"]],
                          ids=["rfa", "gate", "gate-decay"])
-def test_carried_state_over_blocks_equals_one_pass(lm_data, gate):
+def test_stream_state_over_blocks_equals_one_pass(lm_data, gate):
     """The whole decoder (no positional embeddings: they restart at every block by design) over
-    blocks with the carried state equals one pass over the concatenation, fp32, <= 1e-5."""
-    _, model = stateful(lm_data, "--no-token-positional-embeddings", *gate)
+    blocks with one stream state equals one pass over the concatenation, fp32, <= 1e-5."""
+    _, model = stateful(lm_data, "--no-token-positional-embeddings", *gate, splits=())
     model.eval()
     tokens = torch.randint(4, 50, (3, 70), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         whole, _ = model(tokens)
-        for m in causal_rfa_modules(model):
-            m.carry = CarriedState()
-        blocks = torch.cat([model(tokens[:, a:a + BLOCK])[0] for a in range(0, 70, BLOCK)], dim=1)
+        state = {}
+        blocks = torch.cat([model(tokens[:, a:a + BLOCK], stream_state=state)[0] for a in range(0, 70, BLOCK)], dim=1)
     assert (blocks - whole).abs().max().item() <= 1e-5
 
 
-def test_carried_positions_over_blocks_equal_one_pass(lm_data):
-    """With --carry-positions the whole decoder, sinusoidal positions included, over blocks with
-    the carried state equals one pass over the concatenation; with positions restarting it does
-    not."""
-    tokens = torch.randint(4, 50, (3, 70), generator=torch.Generator().manual_seed(1))
-    _, plain = stateful(lm_data, "--rfa-gate")  # the same weights as below (seed 0)
-    plain.eval()
-    with torch.no_grad():
-        for a in causal_rfa_modules(plain):
-            a.carry = None
-        whole, _ = plain(tokens)  # fairseq's own positions 1 .. 70
-    ends = {}
-    for name, flags in (("carried", ["--carry-positions"]), ("restarting", [])):
-        _, model = stateful(lm_data, "--rfa-gate", *flags)
-        model.eval()
-        with torch.no_grad():
-            ends[name] = torch.cat([model(tokens[:, a:a + BLOCK])[0] for a in range(0, 70, BLOCK)], dim=1)
-    assert (ends["carried"] - whole).abs().max().item() <= 1e-5
-    assert (ends["restarting"] - whole).abs().max().item() > 1e-2
-
-
-def test_carried_positions_follow_the_batch_column(lm_data):
-    """The task sets the offset from the batch's column, so every group of streams and a resumed
-    stream get the positions of their place in the text."""
-    task, model = stateful(lm_data, "--carry-positions", "--stream-groups", "2")
-    task.load_dataset("valid")
-    samples = batches(task, "valid", 2)
-    embed = model.decoder.embed_positions
-    for s in samples[:5]:
-        task.use_stream(model, s)
-        assert embed.offset == s["block"] * BLOCK
-        model(s["net_input"]["src_tokens"])
-        assert embed.offset == (s["block"] + 1) * BLOCK
-
-
-@pytest.mark.parametrize("flags, message", [(["--no-token-positional-embeddings"], "no positional embeddings"),
-                                            (["--decoder-learned-pos"], "learned positions")])
-def test_carried_positions_need_sinusoidal_positions(lm_data, flags, message):
-    with pytest.raises(ValueError, match=f"--carry-positions.*{message}"):
-        stateful(lm_data, "--carry-positions", *flags)
-
-
-@pytest.mark.parametrize("groups", [1, 2])
-def test_valid_steps_carry_the_stream(lm_data, groups):
+def test_valid_steps_carry_the_stream(lm_data):
     """Through the task: the valid loss of a split, batch after batch, equals the loss of one pass
-    over each row's whole text (no positional embeddings), and differs from blocks without state
-    (a gate that starts near 0.95 remembers across blocks); with two groups taking turns, each
-    group carries its own states."""
-    task, model = stateful(lm_data, "--no-token-positional-embeddings", "--rfa-gate", "--rfa-gate-bias", "3",
-                           "--stream-groups", str(groups))
-    task.load_dataset("valid")
-    criterion = task.build_criterion(build_from_cli(lm_data, ["--task", "rfa_stateful_lm", "--arch",
-                                                             "rfa_transformer_lm"])[2])
+    over each row's whole text (no positional embeddings) and differs from blocks without state; a
+    second validation starts the state afresh at the split's first batch and gives the same loss."""
+    task, model = stateful(lm_data, *MEMORY, splits=("valid",))
+    crit = criterion(task, lm_data)
     samples = batches(task, "valid", 2)
-    carried = sum(task.valid_step(s, model, criterion)[0].item() for s in samples)
+    carried = [sum(task.valid_step(s, model, crit)[0].item() for s in samples) for _ in range(2)]
     pad = task.dictionary.pad()
     whole = 0.0
     with torch.no_grad():
-        for m in causal_rfa_modules(model):
-            m.carry = None
-        for src, tgt in [st for g in range(groups) for st in row_streams(task, [s for s in samples if s["group"] == g])]:
+        for src, tgt in row_streams(task, samples):
             logits, _ = model(src[None])
             whole += torch.nn.functional.cross_entropy(logits[0], tgt, reduction="sum", ignore_index=pad).item()
-        blocks = sum(criterion(model, s)[0].item() for s in samples)
-    assert carried == pytest.approx(whole, rel=1e-5)
+        blocks = sum(crit(model, s)[0].item() for s in samples)
+    assert carried[0] == pytest.approx(whole, rel=1e-5) and carried[1] == pytest.approx(carried[0], rel=1e-6)
     assert abs(blocks - whole) > 1e-3 * whole, "the test cannot tell carried state from none"
+    assert all("stream_state" not in s["net_input"] for s in samples), "the task leaves fairseq's sample as it was"
 
 
-def test_no_carry_state_starts_every_block_from_zero(lm_data):
-    """--no-carry-state: the same batches in the same order, but each block's loss is that of the
-    block alone (no state from the block before)."""
-    task, model = stateful(lm_data, "--no-token-positional-embeddings", "--rfa-gate", "--rfa-gate-bias", "3",
-                           "--no-carry-state")
-    task.load_dataset("valid")
-    criterion = task.build_criterion(build_from_cli(lm_data, ["--task", "rfa_stateful_lm", "--arch",
-                                                             "rfa_transformer_lm"])[2])
-    samples = batches(task, "valid", 2)
-    stepped = [task.valid_step(s, model, criterion)[0].item() for s in samples]
+def test_eval_lm_carries_one_state_through_the_pass(lm_data):
+    """fairseq-eval-lm's loop, in process: the task's dataloader, fairseq's move_to_cuda (which
+    rebuilds dicts) and SequenceScorer calling the model directly. The scores of every test token
+    equal one pass over the whole text (fp32, <= 1e-4 in log-probability) and differ from blocks
+    alone; the iterator has the length and count fairseq's progress bar reads."""
+    task, model = stateful(lm_data, *MEMORY, splits=("test",))
+    model.eval()
+    itr = task.eval_lm_dataloader(task.dataset("test"), batch_size=1, max_positions=model.max_positions())
+    assert itr.n == 0 and len(itr) == len(task.dataset("test"))
+    scorer = SequenceScorer(task.target_dictionary)
+    carried, alone, states = [], [], set()
+    for sample in itr:
+        sample = utils.move_to_cuda(sample, device=torch.device("cpu"))
+        states.add(id(sample["net_input"]["stream_state"]))
+        carried.append(scorer.generate([model], sample)[0][0]["positional_scores"])
+        del sample["net_input"]["stream_state"]
+        alone.append(scorer.generate([model], sample)[0][0]["positional_scores"])
+    assert itr.n == len(itr) and len(states) == 1
+    text = text_tokens(task, "test")
     with torch.no_grad():
-        for m in causal_rfa_modules(model):
-            m.carry = None
-        alone = [criterion(model, s)[0].item() for s in samples]
-    assert stepped == pytest.approx(alone, rel=1e-5)
-
-
-def burn_in_batches(task, rows, epoch=1, num_shards=1, shard_id=0):
-    itr = task.get_batch_iterator(task.dataset("train"), max_sentences=rows, seed=3, epoch=epoch,
-                                  num_shards=num_shards, shard_id=shard_id)
-    return list(itr.next_epoch_itr(shuffle=True))
+        source = torch.cat([torch.tensor([task.dictionary.eos()]), text[:-1]])  # as the first block's
+        logp = model.get_normalized_probs(model(source[None]), log_probs=True)[0]
+    whole = logp.gather(1, text[:, None])[:, 0]
+    carried, alone = torch.cat(carried), torch.cat(alone)
+    assert len(carried) == len(text) and (carried - whole).abs().max().item() <= 1e-4
+    assert (alone - whole).abs().max().item() > 1e-2
 
 
 @pytest.mark.parametrize("n", [1, 2])
@@ -253,14 +179,12 @@ def test_burn_in_batches_shuffle_every_block_with_the_blocks_before_it(lm_data, 
     """--burn-in-blocks N: each epoch every train block is a row once, in an order that changes from
     epoch to epoch; before each row come the N blocks that precede it in the text, oldest first
     (pads before the text starts), so the burn-in and the row together are a contiguous piece of
-    the text. Validation keeps the streams."""
-    task, _ = stateful(lm_data, "--burn-in-blocks", str(n))
-    task.load_dataset("train")
-    task.load_dataset("valid")
+    the text; two ranks share the blocks."""
+    task, _ = stateful(lm_data, "--burn-in-blocks", str(n), splits=("train",))
     pad, blocks = task.dictionary.pad(), task.dataset("train")
     orders = []
     for epoch in (1, 2):
-        samples = burn_in_batches(task, 3, epoch)
+        samples = batches(task, "train", 3, epoch=epoch)
         ids = torch.cat([s["id"] for s in samples]).tolist()
         assert sorted(ids) == list(range(len(blocks)))
         orders.append(ids)
@@ -271,58 +195,136 @@ def test_burn_in_batches_shuffle_every_block_with_the_blocks_before_it(lm_data, 
                 want = [blocks[j][0] for j in range(max(i - n, 0), i)]
                 assert torch.equal(torch.cat(before), torch.cat(want) if want else torch.zeros(0, dtype=torch.long))
     assert orders[0] != orders[1] and orders[0] != sorted(orders[0])
-    sharded = [s["id"].tolist() for k in (0, 1) for s in burn_in_batches(task, 3, 1, 2, k) if s]
-    assert sorted(sum(sharded, [])) == list(range(len(blocks))), "two ranks share the blocks"
-    assert all("burn_in" not in s and "block" in s for s in batches(task, "valid", 2))
+    sharded = [s["id"].tolist() for k in (0, 1) for s in batches(task, "train", 3, 2, k) if s]
+    assert sorted(sum(sharded, [])) == list(range(len(blocks)))
 
 
-@pytest.mark.parametrize("gate", [[], ["--rfa-gate"]], ids=["rfa", "gate"])
-def test_burn_in_gives_each_row_the_state_of_the_text_before_it(lm_data, gate):
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_burn_in_gives_each_row_the_state_of_the_text_before_it(lm_data, mode):
     """After the task's burn-in, the whole decoder over a training batch (no positional
-    embeddings) equals one pass over each row's preceding blocks and the row together, fp32,
-    <= 1e-5; the row that starts the text equals a pass over it alone."""
-    task, model = stateful(lm_data, "--no-token-positional-embeddings", "--burn-in-blocks", "2", *gate)
-    model.eval()
-    task.load_dataset("train")
-    pad, blocks = task.dictionary.pad(), task.dataset("train")
-    sample = next(s for s in burn_in_batches(task, 4) if 0 in s["id"].tolist() or 1 in s["id"].tolist())
+    embeddings) equals one pass over each row's two preceding blocks and the row together, fp32,
+    <= 1e-5; the row that starts the text equals a pass over it alone. In training mode (dropout 0)
+    too: the burn-in reads the text with the update's random draw, as the training block does."""
+    task, model = stateful(lm_data, "--no-token-positional-embeddings", "--rfa-gate", splits=("train",))
+    model.train(mode == "train")
+    model.set_num_updates(7)
+    blocks = task.dataset("train")
+    sample = next(s for s in batches(task, "train", 4) if 0 in s["id"].tolist() or 1 in s["id"].tolist())
     with torch.no_grad():
-        task.burn_in(model, sample["burn_in"])
-        out, _ = model(sample["net_input"]["src_tokens"])
-        for m in causal_rfa_modules(model):
-            m.carry = None
+        state = task.stream_state(model, sample)
+        out, _ = model(**sample["net_input"], stream_state=state)
         for r, i in enumerate(sample["id"].tolist()):
-            text = torch.cat([blocks[j][0] for j in range(max(i - 2, 0), i + 1)])
-            whole, _ = model(text[None])
+            whole, _ = model(torch.cat([blocks[j][0] for j in range(max(i - 2, 0), i + 1)])[None])
             length = len(blocks[i][0])
             assert (out[r, :length] - whole[0, -length:]).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("flag", [["--stream-groups", "2"], ["--no-carry-state"], ["--carry-positions"]])
-def test_burn_in_refuses_the_stream_flags(lm_data, flag):
-    with pytest.raises(ValueError, match=f"--burn-in-blocks 1 trains on shuffled blocks, which {flag[0]}"):
-        stateful(lm_data, "--burn-in-blocks", "1", *flag)
+def test_train_step_trains_the_block_from_its_burn_in(lm_data):
+    """The task's train step: the loss and gradients are those of the block read from its burn-in
+    state (taken as a constant), not of the block alone; fairseq's sample is left as it was (the
+    trainer keeps its first sample as the dummy batch)."""
+    task, model = stateful(lm_data, *MEMORY, splits=("train",))
+    crit = criterion(task, lm_data)
+    sample = next(s for s in batches(task, "train", 4) if min(s["id"].tolist()) >= 2)
+    class Optimizer:  # fairseq's optimizer, as far as train_step uses it
+        backward = staticmethod(torch.Tensor.backward)
+
+    model.zero_grad()
+    loss, _, _ = task.train_step(sample, model, crit, Optimizer(), 0)
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    assert "stream_state" not in sample["net_input"]
+    model.zero_grad()
+    state = task.stream_state(model, sample)
+    want, _, _ = crit(model, {**sample, "net_input": {**sample["net_input"], "stream_state": state}})
+    want.backward()
+    assert loss.item() == pytest.approx(want.item(), rel=1e-6)
+    assert all(torch.allclose(a, p.grad, atol=1e-7) for a, p in zip(grads, [p for p in model.parameters()
+                                                                           if p.grad is not None]))
+    assert abs(crit(model, sample)[0].item() - loss.item()) > 1e-3 * loss.item()
 
 
 def test_softmax_model_is_refused(lm_data):
     with pytest.raises(ValueError, match=r"rfa_stateful_lm.*\(transformer_lm\) has no RFA attention.*convert_from_softmax"):
-        stateful(lm_data, arch="transformer_lm")
+        stateful(lm_data, arch="transformer_lm", splits=())
 
 
 def test_batch_size_is_required_and_block_within_positions(lm_data):
-    task, _ = stateful(lm_data)
-    task.load_dataset("valid")
+    task, _ = stateful(lm_data, splits=("valid",))
     with pytest.raises(ValueError, match="needs --batch-size"):
         task.get_batch_iterator(task.dataset("valid"), max_tokens=4096)
     with pytest.raises(ValueError, match="exceeds the model's 8 positions"):
         task.get_batch_iterator(task.dataset("valid"), max_sentences=1, max_positions=8)
-    with pytest.raises(ValueError, match="--stream-groups must be a positive integer, got 0"):
-        task.get_batch_iterator(task.dataset("valid"), max_sentences=1, groups=0)
+    with pytest.raises(ValueError, match="--burn-in-blocks must be a positive integer, got -1"):
+        stateful(lm_data, "--burn-in-blocks", "-1", splits=())
 
 
-def _eval_lm(data, ckpt, task, *extra):
+REMOVED = {"stream_groups": 8, "no_carry_state": True, "carry_positions": True, "burn_in_blocks": 0}
+NAMED = "--stream-groups 8, --no-carry-state, --carry-positions, --burn-in-blocks 0, which --task rfa_stateful_lm no longer has"
+OVERRIDES = "{'stream_groups': 1, 'no_carry_state': False, 'carry_positions': False, 'burn_in_blocks': 2}"
+
+
+@pytest.mark.parametrize("flags, named", [(["--burn-in-blocks", "0"], "--burn-in-blocks 0,"),
+                                          (["--stream-groups", "2", "--carry-positions"],
+                                           "--stream-groups 2, --carry-positions,")])
+def test_removed_flags_on_the_command_line_are_named(lm_data, flags, named):
+    with pytest.raises(ValueError, match=f"this run sets {named} which --task rfa_stateful_lm no longer has.*"
+                                         "Drop them"):
+        stateful(lm_data, *flags, splits=())
+    parser = argparse.ArgumentParser()
+    gen_parser_from_dataclass(parser, StatefulLMConfig())
+    assert "--burn-in-blocks" in parser.format_help() and "--stream-groups" not in parser.format_help()
+
+
+def old_checkpoint(data, path, **task_cfg):
+    """A checkpoint of a tiny model as fairseq-train writes one, its task config changed: as one
+    trained before the removal with the settings ``task_cfg``."""
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, cli(data, "--batch-size", "2"))
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    saved = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    saved["task"].update(task_cfg)
+    history = [{"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam", "lr_scheduler_state": {},
+                "num_updates": 0}]
+    torch.save({"cfg": saved, "args": None, "model": model.state_dict(), "optimizer_history": history,
+                "extra_state": {}, "task_state": {}}, path)
+    return model
+
+
+def test_a_checkpoint_trained_with_removed_flags_is_refused_by_name(lm_data, tmp_path):
+    """Loading for evaluation (the task given, as fairseq-eval-lm does, or built from the
+    checkpoint), and resuming it in training (--restore-file): an error that names every removed
+    setting and what to do. The settings at their old defaults load; so does the refused one with
+    the overrides the message gives."""
+    old, fine = tmp_path / "old.pt", tmp_path / "fine.pt"
+    old_checkpoint(lm_data, old, **REMOVED)
+    model = old_checkpoint(lm_data, fine, stream_groups=1, no_carry_state=False, carry_positions=False,
+                           burn_in_blocks=1)
+    task, _ = stateful(lm_data, splits=())
+    for given in (task, None):
+        with pytest.raises(ValueError, match=f"this checkpoint was trained with {NAMED}.*--model-overrides"):
+            checkpoint_utils.load_model_ensemble_and_task([str(old)], task=given)
+        (loaded,), _, _ = checkpoint_utils.load_model_ensemble_and_task([str(fine)], task=given)
+        assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    assert checkpoint_utils.load_model_ensemble_and_task([str(old)], task=task, arg_overrides=eval(OVERRIDES))[0]
+    assert OVERRIDES in str(pytest.raises(ValueError, checkpoint_utils.load_model_ensemble_and_task, [str(old)]).value)
+
+    args = options.parse_args_and_arch(options.get_training_parser(), cli(lm_data, "--restore-file", str(old)))
+    cfg = convert_namespace_to_omegaconf(args)
+    with pytest.raises(ValueError, match=f"this run would resume {old}, trained with {NAMED}.*--finetune-from-model"):
+        tasks.setup_task(cfg.task).build_model(cfg.model)
+    args.restore_file = str(fine)
+    cfg = convert_namespace_to_omegaconf(args)
+    assert tasks.setup_task(cfg.task).build_model(cfg.model) is not None
+
+
+def _eval_lm(data, ckpt, task, *extra, check=True):
     out = run_cli("fairseq-eval-lm", data, "--user-dir", USER_DIR, "--task", task, "--path", ckpt,
-                  "--gen-subset", "test", "--tokens-per-sample", str(BLOCK), "--max-tokens", "2048", "--cpu", *extra)
+                  "--gen-subset", "test", "--tokens-per-sample", str(BLOCK), "--max-tokens", "2048", "--cpu", *extra,
+                  check=check)
+    if not check:
+        return out.stdout + out.stderr
     m = re.search(r"Evaluated ([\d,]+) tokens.*\n.*Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)", out)
     assert m, out[-2000:]
     return int(m.group(1).replace(",", "")), float(m.group(3))
@@ -330,13 +332,15 @@ def _eval_lm(data, ckpt, task, *extra):
 
 @pytest.mark.slow
 def test_command_lines_train_and_evaluate_either_way(lm_data, tmp_path):
-    """fairseq-train with the task; fairseq-eval-lm with and without state on a checkpoint
-    trained with state and on one trained without: every run scores every test token."""
+    """fairseq-train with the task (its default burn-in) and without; fairseq-eval-lm with and
+    without state on either checkpoint: every run scores every test token. Then the checkpoint
+    made to look trained with removed settings: fairseq-eval-lm and fairseq-train --restore-file
+    refuse it by name, and eval-lm with the overrides the message gives scores it as before."""
     ppl = {}
-    for trained, extra in (("rfa_stateful_lm", []), ("language_modeling", [])):  # the task's default: burn-in
+    for trained in ("rfa_stateful_lm", "language_modeling"):
         ckpt = tmp_path / trained
         log = run_cli("fairseq-train", lm_data, "--task", trained, "--user-dir", USER_DIR, "--arch",
-                      "rfa_transformer_lm", "--rfa-gate", "--tokens-per-sample", BLOCK, *SMALL, *TRAIN, *extra,
+                      "rfa_transformer_lm", "--rfa-gate", "--tokens-per-sample", BLOCK, *SMALL, *TRAIN,
                       "--batch-size", "4", "--max-update", "4", "--save-dir", ckpt)
         assert "num_updates 4" in log
         for evaluated in ("rfa_stateful_lm", "language_modeling"):
@@ -345,3 +349,17 @@ def test_command_lines_train_and_evaluate_either_way(lm_data, tmp_path):
     assert len(counts) == 1, ppl
     assert all(1 < p < 1e4 for _, p in ppl.values()), ppl
     assert ppl["rfa_stateful_lm", "rfa_stateful_lm"][1] != ppl["rfa_stateful_lm", "language_modeling"][1]
+
+    state = torch.load(tmp_path / "rfa_stateful_lm" / "checkpoint_last.pt", weights_only=False)
+    state["cfg"]["task"].update(REMOVED)
+    old = tmp_path / "old" / "checkpoint_last.pt"
+    old.parent.mkdir()
+    torch.save(state, old)
+    out = _eval_lm(lm_data, old, "rfa_stateful_lm", check=False)
+    assert f"this checkpoint was trained with {NAMED}" in out, out[-3000:]
+    assert _eval_lm(lm_data, old, "rfa_stateful_lm", "--model-overrides", OVERRIDES) == ppl["rfa_stateful_lm",
+                                                                                            "rfa_stateful_lm"]
+    proc = run_cli("fairseq-train", lm_data, "--task", "rfa_stateful_lm", "--user-dir", USER_DIR, "--arch",
+                   "rfa_transformer_lm", "--rfa-gate", "--tokens-per-sample", BLOCK, *SMALL, *TRAIN, "--batch-size",
+                   "4", "--max-update", "6", "--save-dir", old.parent, check=False)
+    assert proc.returncode != 0 and f"this run would resume {old}, trained with {NAMED}" in proc.stderr, proc.stderr[-3000:]

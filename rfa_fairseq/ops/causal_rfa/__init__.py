@@ -1,6 +1,13 @@
+"""Causal RFA in three forms with one contract, fla's: ``(q, k, v, log_g, initial_state,
+output_final_state) -> (out, final_state or None)``, tested equal (tests/ops/test_causal_rfa.py).
+
+- ``naive``: the recurrence as a loop, the reference;
+- ``chunk``: the chunked parallel form (training, prompts, blocks of a stateful LM);
+- ``recurrent``: token by token on the packed state; its step is the decoder's.
+"""
 from .chunk import DEFAULT_CHUNK_SIZE, chunk_causal_rfa
 from .naive import naive_causal_rfa
-from .recurrent import gaussian_recurrent_step, gaussian_step_weights, recurrent_causal_rfa_step
+from .recurrent import recurrent_causal_rfa, recurrent_causal_rfa_step
 
 # The gate's forms: the paper's S = g S + (1 - g) phi(k) v^T, or the decay form S = g S + phi(k) v^T.
 GATE_FORMS = ("convex", "decay")
@@ -9,5 +16,5 @@ GATE_FORMS = ("convex", "decay")
 # enough that one segment's intermediates are small beside the heads of the whole sequence.
 DEFAULT_RECOMPUTE_SEGMENT = 512
 
-__all__ = ["chunk_causal_rfa", "gaussian_recurrent_step", "gaussian_step_weights", "naive_causal_rfa", "recurrent_causal_rfa_step", "DEFAULT_CHUNK_SIZE", "DEFAULT_RECOMPUTE_SEGMENT",
-           "GATE_FORMS"]
+__all__ = ["chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa", "recurrent_causal_rfa_step",
+           "DEFAULT_CHUNK_SIZE", "DEFAULT_RECOMPUTE_SEGMENT", "GATE_FORMS"]

@@ -10,7 +10,7 @@ With a gate, ``b`` is the inclusive cumulative sum of ``log g`` inside a chunk. 
 reaches position ``i >= j`` of the same chunk with weight ``exp(b_i - b_j) (1 - g_j)``; the
 differences are masked to -inf above the diagonal *before* ``exp``, so every exponent is <= 0.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -33,24 +33,23 @@ def chunk_causal_rfa(
     k: Tensor,
     v: Tensor,
     log_g: Optional[Tensor] = None,
-    state: Optional[Tensor] = None,
-    return_state: bool = False,
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
     eps: float = DEFAULT_EPS,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
     convex: bool = True,
-):
-    """Same contract as :func:`naive_causal_rfa` (shapes ``[B, H, T, F]``/``[B, H, T, K]``, the
-    state ``[B, H, F, K + 1]``)."""
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """The contract of :func:`naive_causal_rfa` (shapes ``[B, H, T, F]``/``[B, H, T, K]``, the
+    state ``[B, H, F, K + 1]``), in chunks of ``chunk_size``."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     B, H, T, Fd = q.shape
     K = v.shape[-1]
     acc = compute_dtype(q)
+    state = initial_state
     if T == 0:
-        out = v.new_zeros(B, H, 0, K)
-        if not return_state:
-            return out
-        return out, (q.new_zeros(B, H, Fd, K + 1, dtype=acc) if state is None else state.to(acc))
+        final = q.new_zeros(B, H, Fd, K + 1, dtype=acc) if state is None else state.to(acc)
+        return v.new_zeros(B, H, 0, K), (final if output_final_state else None)
     C = min(chunk_size, max(T, 1))
     pad = (-T) % C
     N = (T + pad) // C
@@ -64,7 +63,7 @@ def chunk_causal_rfa(
 
     # One chunk with nothing before it and no state asked for (training on sentences): the
     # intra-chunk part is the whole answer, and the state would cost more than it.
-    intra_only = N == 1 and state is None and not return_state
+    intra_only = N == 1 and state is None and not output_final_state
     if state is not None:
         state0 = state.to(acc)
     elif not intra_only:
@@ -114,4 +113,4 @@ def chunk_causal_rfa(
     o = o.reshape(B, H, N * C, K + 1)[:, :, :T]
     out = guarded_ratio(o[..., :K], o[..., K], eps, v.dtype)
     # a copy, not a view that would keep the per-chunk states alive beside the decoding state
-    return (out, final.clone()) if return_state else out
+    return out, (final.clone() if output_final_state else None)

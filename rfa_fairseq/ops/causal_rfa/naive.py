@@ -1,5 +1,5 @@
 """Naive causal RFA: the per-step recurrence transcribed literally, in fp32. The reference."""
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -12,36 +12,37 @@ def naive_causal_rfa(
     k: Tensor,
     v: Tensor,
     log_g: Optional[Tensor] = None,
-    state: Optional[Tensor] = None,
-    return_state: bool = False,
+    initial_state: Optional[Tensor] = None,
+    output_final_state: bool = False,
     eps: float = DEFAULT_EPS,
     convex: bool = True,
-):
-    """Causal (gated) RFA by an explicit loop over time.
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """Causal (gated) RFA by an explicit loop over time. The contract of every causal form
+    (``chunk_causal_rfa``, ``recurrent_causal_rfa``):
 
     Args:
         q, k: feature-mapped queries and keys ``[B, H, T, F]``.
         v: values ``[B, H, T, K]``.
         log_g: log of the gate ``[B, H, T]`` (``<= 0``), or None for plain RFA.
-        state: the state to start from, ``[S | z]`` packed as ``[B, H, F, K + 1]`` (``z`` is the
-            last column; the layout of every RFA state in the package), or None (zeros).
+        initial_state: the state to start from, ``[S | z]`` packed as ``[B, H, F, K + 1]`` (``z``
+            is the last column; the layout of every RFA state in the package), or None (zeros).
+        output_final_state: also return the final state (fp32; fp64 for fp64 inputs).
         convex: with a gate, write with weight ``1 - g_t`` (the paper's form, below); False: the
             decay form ``S_t = g_t S_{t-1} + k_t v_t^T`` (the RFA slides, GLA).
     Returns:
-        ``out [B, H, T, K]`` (dtype of ``v``) and, with ``return_state``, the final state in fp32.
+        ``(out [B, H, T, K]`` in the dtype of ``v``, the final state or None``)``.
 
         S_t = g_t S_{t-1} + (1 - g_t) k_t v_t^T,  z_t = g_t z_{t-1} + (1 - g_t) k_t
-        out_t = q_t^T S_t / max(q_t . z_t, eps)      (g_t = 1 - (1 - g_t) = 1 without a gate)
+        out_t = q_t^T S_t / max(q_t . z_t, eps)      (g_t = 1 without a gate)
     """
     B, H, T, F = q.shape
     K = v.shape[-1]
     acc = compute_dtype(q)
     qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
-    if state is None:
-        S = qf.new_zeros(B, H, F, K)
-        z = qf.new_zeros(B, H, F)
+    if initial_state is None:
+        S, z = qf.new_zeros(B, H, F, K), qf.new_zeros(B, H, F)
     else:
-        S, z = state[..., :K].to(acc), state[..., K].to(acc)
+        S, z = initial_state[..., :K].to(acc), initial_state[..., K].to(acc)
     outs = []
     for t in range(T):
         kt, vt = kf[:, :, t], vf[:, :, t]
@@ -59,4 +60,4 @@ def naive_causal_rfa(
         den = torch.einsum("bhf,bhf->bh", qt, z)
         outs.append(guarded_ratio(num, den, eps, v.dtype))
     out = torch.stack(outs, dim=2) if outs else v.new_zeros(B, H, 0, K)
-    return (out, torch.cat([S, z.unsqueeze(-1)], dim=-1)) if return_state else out
+    return out, (torch.cat([S, z.unsqueeze(-1)], dim=-1) if output_final_state else None)

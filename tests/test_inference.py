@@ -1,13 +1,13 @@
-"""--int8-inference: the linear layers in int8 at inference (rfa_fairseq/models/quantize.py)."""
+"""The decoding form (rfa_fairseq/inference.py): fused causal projections, the precomputed
+gaussian feature map and, with --int8-inference, int8 linear layers."""
 from argparse import Namespace
 
 import pytest
 import torch
 from torch import nn
-from torch.ao.nn.quantized.dynamic import Linear as Int8Linear
 
-from rfa_fairseq.models.quantize import quantize_int8
 from rfa_fairseq.modules import CausalRFAttention
+from rfa_fairseq.modules.int8_linear import Int8Linear, quantize_linears_
 from rfa_test_utils import random_tokens
 
 GENERATE_CFG = Namespace(generation=Namespace(beam=4))  # what prepare_for_inference_ reads of fairseq-generate's
@@ -26,8 +26,8 @@ def test_prepare_for_inference_quantizes_every_linear_layer_only_when_asked(lm_m
     assert n > 0 and linears(model) == (n, 0)  # built as usual: training is not affected
     plain.prepare_for_inference_(GENERATE_CFG)
     model.prepare_for_inference_(GENERATE_CFG)
-    fused = sum(isinstance(m, CausalRFAttention) for m in model.modules())  # each adds its in_proj
-    assert fused > 0 and linears(plain) == (n + fused, 0) and linears(model) == (0, n + fused)
+    fused = sum(isinstance(m, CausalRFAttention) for m in model.modules())  # each: in_proj for 4 layers
+    assert fused > 0 and linears(plain) == (n - 3 * fused, 0) and linears(model) == (0, n - 3 * fused)
     assert not model.training
 
 
@@ -43,16 +43,18 @@ def test_prepare_for_inference_fuses_the_causal_projections_and_keeps_the_output
     ref.eval()
     model.prepare_for_inference_(GENERATE_CFG)
     attn = [m for m in model.modules() if isinstance(m, CausalRFAttention)]
-    assert attn and all(m.in_proj is not None for m in attn)
-    assert sorted(model.state_dict()) == sorted(ref.state_dict())
+    assert attn and all(m.in_proj is not None and m.q_proj is None and m.step_projection is not None for m in attn)
     d = task.target_dictionary
     tokens = random_tokens(d, 2, 30, torch.Generator().manual_seed(3))
     inputs = (tokens,) if family == "lm" else (tokens, torch.full((2,), 30), tokens)
     with torch.no_grad():
         torch.testing.assert_close(model(*inputs)[0], ref(*inputs)[0], rtol=1e-5, atol=1e-5)
-        quantize_int8(ref)
-        quantize_int8(model)
+        quantize_linears_(ref)
+        quantize_linears_(model)
         torch.testing.assert_close(model(*inputs)[0], ref(*inputs)[0], rtol=1e-5, atol=1e-5)
+    model.train()  # a converted model does not train: its checkpoints are always the training form
+    with pytest.raises(RuntimeError, match="converted for inference"):
+        model(*inputs)
 
 
 def test_int8_logits_follow_float32_and_decode_as_the_full_pass(lm_model):
@@ -64,7 +66,7 @@ def test_int8_logits_follow_float32_and_decode_as_the_full_pass(lm_model):
     tokens = random_tokens(task.dictionary, 2, 60, torch.Generator().manual_seed(2))
     with torch.no_grad():
         fp32, _ = model(tokens)
-        quantize_int8(model)
+        quantize_linears_(model)
         int8, _ = model(tokens)
         state, steps = {}, []
         for t in range(tokens.size(1)):
@@ -79,4 +81,4 @@ def test_int8_logits_follow_float32_and_decode_as_the_full_pass(lm_model):
 def test_quantizing_refuses_a_model_in_training_mode(lm_model):
     _, model = lm_model()
     with pytest.raises(ValueError, match="eval"):
-        quantize_int8(model.train())
+        quantize_linears_(model.train())

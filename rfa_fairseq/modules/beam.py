@@ -1,0 +1,30 @@
+"""The layout of fairseq's beam search, for the modules that keep decoding state.
+
+fairseq's SequenceGenerator repeats each source ``beam`` times, sentence-major (a sentence's
+hypotheses side by side), tells the model the beam through ``set_beam_size`` (for beams above 1),
+and after every step reorders the state with ``new_order``: each row's index in the previous step,
+always among its own sentence's rows; when finished sentences leave, the batch shrinks. Modules
+rely on that layout instead of checking it, which would read the order on the host every step.
+"""
+from torch import Tensor
+
+
+class BeamLayout:
+    """Mixin: ``beam_size`` as the generator sets it, and what it implies."""
+
+    beam_size = 1
+
+    def set_beam_size(self, beam_size: int):
+        """Called through the model by fairseq's SequenceGenerator."""
+        self.beam_size = beam_size
+
+    def rows_per_source(self, batch: int) -> int:
+        """How many consecutive rows of a decoding batch share one source: the beam."""
+        if batch % self.beam_size != 0:
+            raise ValueError(f"beam search with beam {self.beam_size} needs a batch of whole sentences (a multiple of "
+                             f"{self.beam_size} rows, each sentence's beams side by side), got {batch} rows")
+        return self.beam_size
+
+    def source_order(self, new_order: Tensor) -> Tensor:
+        """The sentences that ``new_order``'s rows continue, one index per sentence."""
+        return new_order.reshape(-1, self.beam_size)[:, 0] // self.beam_size
