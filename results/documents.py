@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Document translation on Multi30k de-en pseudo-documents: consecutive captions joined into
-documents of 4-64 sentences (rfa-make-documents, seed 1; about 50-900 subwords a side, ``<sep>``
-between sentences), trained and decoded like results/quality.py's sentences but a document at a
+documents of 4-64 sentences (scripts/make_documents.py, seed 1; about 50-900 subwords a side,
+``<sep>`` between sentences), trained and decoded like results/quality.py's sentences but a document at a
 time. Multi30k's captions are unrelated to each other, so this tests long inputs and outputs
 (alignment over hundreds of tokens, output length), not discourse.
 
@@ -27,9 +27,8 @@ import quality
 from runner import ROOT, bleu, main, run, tool, train
 
 sys.path.insert(0, str(ROOT / "scripts"))
+from make_documents import make_documents, read_lines, split_document  # noqa: E402
 from score_translation import hypotheses  # noqa: E402
-
-from rfa_fairseq.cli.make_documents import make_documents, read_lines, split_document  # noqa: E402
 
 NAME, OUT, WORK = "documents", "results/documents_study.jsonl", "work/documents_study"
 FINETUNE = dict(updates=300, warmup=50, lr="1e-3")

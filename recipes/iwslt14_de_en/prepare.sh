@@ -22,9 +22,9 @@
 # it leaves as they are). Every sentence gets the id of its talk (in train.tags a talk begins at
 # its header lines <url>, <talkid>, ...; in the test XML files at <doc docid>); the cleaned pairs
 # are split by talk (the 1st, 24th, 47th ... talk to valid, the others to train); each split's
-# sentences are encoded with the sentence-level spm.model and rfa-make-documents joins them with
-# " <sep> " (so <sep> stays one token), a talk longer than DOC_MAX_SENTENCES (64) cut into windows
-# of DOC_MIN_SENTENCES (4) to 64 sentences whose sizes are drawn with DOC_SEED (1). Output:
+# sentences are encoded with the sentence-level spm.model and scripts/make_documents.py joins them
+# with " <sep> " (so <sep> stays one token), a talk longer than DOC_MAX_SENTENCES (64) cut into
+# windows of DOC_MIN_SENTENCES (4) to 64 sentences whose sizes are drawn with DOC_SEED (1). Output:
 # $WORK/data-bin-docs (<sep> is a word of both dictionaries), the detokenised documents
 # $WORK/text-docs/{train,valid,test}.{de,en} and their tables $WORK/text-docs/*.docs.tsv (per
 # document: sentences, input line range, talk).
@@ -168,13 +168,13 @@ doc_sentences() {
   count_lines "$DOC_TEXT"/sent/{train,valid,test}.ids
 }
 
-# The documents (rfa-make-documents): the same ids and seed group the text and the encoded
+# The documents (scripts/make_documents.py): the same ids and seed group the text and the encoded
 # sentences alike, which the tables confirm.
 make_docs() {
   local split dir
   for split in train valid test; do
     for dir in "$DOC_TEXT" "$DOC_SPM"; do
-      python -m rfa_fairseq.cli.make_documents "$dir/sent/$split.$SRC" "$dir/sent/$split.$TGT" "$dir/$split" \
+      python "$ROOT/scripts/make_documents.py" "$dir/sent/$split.$SRC" "$dir/sent/$split.$TGT" "$dir/$split" \
         --doc-ids "$DOC_TEXT/sent/$split.ids" "${DOC_ARGS[@]}"
     done
     cmp -s <(cut -f1-4,7 "$DOC_TEXT/$split.docs.tsv") <(cut -f1-4,7 "$DOC_SPM/$split.docs.tsv") ||

@@ -7,9 +7,7 @@
 - ``rfa-diagnostics`` (:mod:`.diagnostics`): sigma, mean gate and clamped denominators of a
   trained model's RFA attention on a data split;
 - ``rfa-average-checkpoints`` (:mod:`.average_checkpoints`): the average of the last N
-  checkpoints, random feature matrices taken from the newest;
-- ``rfa-make-documents`` (:mod:`.make_documents`): consecutive sentences of a parallel corpus
-  joined into documents (4-64 sentences, or windows of real documents), for document translation.
+  checkpoints, random feature matrices taken from the newest.
 
 Each module has ``main(argv=None)`` and runs as ``python -m rfa_fairseq.cli.NAME`` too.
 """

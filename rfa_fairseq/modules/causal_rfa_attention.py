@@ -138,7 +138,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), (state if output_final_state else None)
 
     def _step(self, x: Tensor, state: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-        """One token ``x [B, C]``: ``out [B, H, 1, K]`` and the state, advanced in place without
+        """One token ``x [B, C]``: ``out [B, H, K]`` and the state, advanced in place without
         autograd (the state was made by this module: a step, the chunked form or a reorder)."""
         if self.step_projection is not None:  # the decoding form of the gaussian kernel: views of in_proj's output
             B, C, H, K = x.size(0), self.embed_dim, self.num_heads, self.head_dim
@@ -150,9 +150,8 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             q, k, v, log_g = self._project(x.unsqueeze(0), None)
             q, k, v = q[:, :, 0], k[:, :, 0], v[:, :, 0]
             log_g = None if log_g is None else log_g[:, :, 0]
-        o, state = recurrent_causal_rfa_step(q, k, v, log_g, state, eps=self.eps, convex=self.convex,
-                                             inplace=not torch.is_grad_enabled())
-        return o.unsqueeze(2), state
+        return recurrent_causal_rfa_step(q, k, v, log_g, state, eps=self.eps, convex=self.convex,
+                                         inplace=not torch.is_grad_enabled())
 
     def forward(
         self,
@@ -184,15 +183,16 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         if attn_mask is not None and tuple(attn_mask.shape[-2:]) != (T, T):
             raise ValueError(f"attn_mask must be the {T}x{T} causal mask, got shape {tuple(attn_mask.shape)}")
         if incremental_state is None:
-            out, _ = self._tokens(query, key_padding_mask)
+            return self.out_proj(merge_heads(self._tokens(query, key_padding_mask)[0])), None
+        buffer = self._get_input_buffer(incremental_state)
+        if T == 1 and key_padding_mask is None:  # a decoding step: [B, H, K] is [1, B, C] by a view
+            out, buffer["state"] = self._step(query[0], buffer.get("state"))
+            out = out.view(query.shape)
         else:
-            buffer = self._get_input_buffer(incremental_state)
-            if T == 1 and key_padding_mask is None:
-                out, buffer["state"] = self._step(query[0], buffer.get("state"))
-            else:
-                out, buffer["state"] = self._tokens(query, key_padding_mask, buffer.get("state"), True)
-            self._set_input_buffer(incremental_state, buffer)
-        return self.out_proj(merge_heads(out)), None
+            out, buffer["state"] = self._tokens(query, key_padding_mask, buffer.get("state"), True)
+            out = merge_heads(out)
+        self._set_input_buffer(incremental_state, buffer)
+        return self.out_proj(out), None
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """Beam search: keep the state rows that the surviving hypotheses continue.

@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .denominator import compute_dtype
+from .denominator import as_dtype, compute_dtype
 
 RANDOM_MATRICES = ("gaussian", "orthogonal")
 NORM_EPS = 1e-6
@@ -164,7 +164,7 @@ def gaussian_step_features(x: Tensor, projection: Tensor, phase: Tensor) -> Tens
     queries and keys) from :func:`gaussian_step_weights`: ``[..., H, 2 D]`` in the dtype of
     ``projection``, in a third fewer operators."""
     *lead, H, K = x.shape
-    x = l2_normalize(x.to(projection.dtype)).reshape(-1, H, K).transpose(0, 1)  # [H, N, K]
+    x = l2_normalize(as_dtype(x, projection.dtype)).reshape(-1, H, K).transpose(0, 1)  # [H, N, K]
     # bmm then add_, not baddbmm: baddbmm copies the broadcast phases into its output first
     phi = torch.bmm(x, projection).add_(phase).sin_().mul_((projection.size(-1) // 2) ** -0.5)  # D^-1/2
     return phi.view(H, *lead, -1).movedim(0, -2)

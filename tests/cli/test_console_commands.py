@@ -13,7 +13,6 @@ COMMANDS = {
     "rfa-redraw-features": "rfa_fairseq.cli.redraw_features:main",
     "rfa-diagnostics": "rfa_fairseq.cli.diagnostics:main",
     "rfa-average-checkpoints": "rfa_fairseq.cli.average_checkpoints:main",
-    "rfa-make-documents": "rfa_fairseq.cli.make_documents:main",
 }
 
 

@@ -1,11 +1,14 @@
-"""rfa-make-documents: sentences of a parallel corpus joined into documents (seconds)."""
+"""scripts/make_documents.py: sentences of a parallel corpus joined into documents (seconds)."""
 import gzip
 import os
 
 import pytest
 
-from rfa_fairseq.cli.make_documents import main, make_documents, split_document
-from rfa_test_utils import REPO
+from rfa_test_utils import REPO, load_script
+
+make_documents_script = load_script("scripts", "make_documents.py")
+main, make_documents, split_document = (make_documents_script.main, make_documents_script.make_documents,
+                                        make_documents_script.split_document)
 
 MULTI30K = os.path.join(REPO, "data", "multi30k")
 

@@ -1,7 +1,8 @@
+#!/usr/bin/env python
 """Join consecutive sentences of a parallel corpus into documents, one document per line.
 
-    rfa-make-documents train.de.gz train.en.gz docs/train                 # pseudo-documents
-    rfa-make-documents train.de train.en docs/train --doc-ids train.ids   # real documents (talks)
+    python scripts/make_documents.py train.de.gz train.en.gz docs/train                 # pseudo-documents
+    python scripts/make_documents.py train.de train.en docs/train --doc-ids train.ids   # real documents (talks)
 
 writes ``docs/train.de``, ``docs/train.en`` (one document per line, its sentences joined by the
 separator) and ``docs/train.docs.tsv`` (one row per document). Inputs have one sentence per line
@@ -53,7 +54,7 @@ import os
 import random
 from typing import NamedTuple, Optional, Sequence
 
-from ..validation import positive_int
+from rfa_fairseq.validation import positive_int
 
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 
@@ -178,7 +179,7 @@ def language(path: str) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="rfa-make-documents", description=__doc__,
+    p = argparse.ArgumentParser(prog="scripts/make_documents.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="source sentences, one per line (.gz read compressed)")
     p.add_argument("target", help="target sentences, parallel to the source")
