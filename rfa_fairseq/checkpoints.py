@@ -1,8 +1,8 @@
 """Loading fairseq checkpoints under torch's safe unpickler (weights_only=True, torch >= 2.6).
 
-fairseq checkpoints pickle a few plain containers besides tensors. We allow-list exactly those
-classes with torch.serialization.add_safe_globals when the plugin is imported; weights_only stays
-on, so any other pickled object in a checkpoint is still refused by torch.
+fairseq checkpoints pickle a few plain containers besides tensors: exactly those classes are
+allow-listed (torch.serialization.add_safe_globals) when the plugin is imported; any other pickled
+object is still refused by torch.
 """
 import argparse
 

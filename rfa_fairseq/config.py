@@ -1,10 +1,9 @@
 """The RFA flags, in one place: every ``--rfa-*`` option with its default, help text and checks.
 
-Both model families read them: the translation model adds them to its argparse parser, the
-language model inherits them into its dataclass config (so hydra configs see them too). The
-choices between attentions are the models': the encoder's in ``models/rfa_encoder.py``, the
-translation model's in ``models/translation_config.py``, the classifier's in
-``models/rfa_classifier.py``. The checks themselves are ``rfa_fairseq.validation``'s.
+The translation model adds them to its argparse parser; the language model inherits them into its
+dataclass config (so hydra configs see them too). The choices between attentions are the models'
+(``models/rfa_encoder.py``, ``models/translation_config.py``, ``models/rfa_classifier.py``); the
+checks themselves are ``rfa_fairseq.validation``'s.
 """
 from dataclasses import dataclass, field, fields
 
@@ -21,18 +20,16 @@ __all__ = ["RFAConfig", "RFA_FIELDS", "fill_rfa_defaults", "flag", "rfa_config_f
 class RFAConfig(FairseqDataclass):
     rfa_causal_feature_dim: int = field(
         default=64,
-        metadata={"help": "number of random features D for causal (self) attention; phi has 2D values "
-                          "with the gaussian kernel"},
+        metadata={"help": "random features D of causal (self) attention (the gaussian kernel's phi has 2D values)"},
     )
     rfa_cross_feature_dim: int = field(
         default=128, metadata={"help": "number of random features D for cross (encoder-decoder) attention"}
     )
     rfa_kernel: ChoiceEnum(list(KERNELS)) = field(
         default="gaussian",
-        metadata={"help": "feature map phi: gaussian (sin/cos random Fourier features, the paper's RFA), "
-                          "arccos (order-1 arc-cosine, ReLU features), favor (Performer's positive "
-                          "features, exp kernel) or elu (elu(x) + 1, deterministic: no random features, "
-                          "phi has head-dim values and the feature-dim flags do not apply)"},
+        metadata={"help": "feature map phi: gaussian (sin/cos random Fourier features, the paper's RFA), arccos "
+                          "(order-1 arc-cosine, ReLU features), favor (Performer's positive features, exp kernel) "
+                          "or elu (elu(x) + 1: no random features, head-dim values, no feature-dim flags)"},
     )
     rfa_random_matrix: ChoiceEnum(list(RANDOM_MATRICES)) = field(
         default="orthogonal",
@@ -41,8 +38,8 @@ class RFAConfig(FairseqDataclass):
     )
     rfa_fixed_features: bool = field(
         default=False,
-        metadata={"help": "the decoder's RFA attention keeps the random matrices drawn when the model is built "
-                          "for the whole of training, instead of drawing new ones at every update"},
+        metadata={"help": "keep the decoder's random matrices drawn at build time for the whole of training, "
+                          "instead of drawing new ones at every update"},
     )
     rfa_gate: bool = field(
         default=False, metadata={"help": "RFA-Gate: a learned recency gate on causal attention"}
@@ -54,19 +51,19 @@ class RFAConfig(FairseqDataclass):
     )
     rfa_gate_bias: float = field(
         default=2.0,
-        metadata={"help": "with --rfa-gate: initial bias of the gate projection; the gate starts near "
-                          "sigmoid(bias): 2 (g about 0.88, a memory of about eight tokens; as rfa-doc-mt) "
-                          "trained better in our Multi30k study than the paper's 0 (g about 0.5, about two tokens)"},
+        metadata={"help": "with --rfa-gate: initial gate bias; g starts near sigmoid(bias): 2 (g ~ 0.88, about eight "
+                          "tokens of memory, as rfa-doc-mt; better in our Multi30k study) or the paper's 0 (g ~ "
+                          "0.5, about two tokens)"},
     )
     rfa_init_sigma: float = field(
         default=1.0,
-        metadata={"help": "initial value of the learned per-head, per-dimension scale sigma of the random "
-                          "matrix (the inverse kernel width; attention logits ~ sigma^2 q.k on unit q, k)"},
+        metadata={"help": "initial learned per-head, per-dimension scale sigma (the inverse kernel width: "
+                          "attention logits ~ sigma^2 q.k on unit q, k)"},
     )
     rfa_eps: float = field(
         default=DEFAULT_EPS,
-        metadata={"help": "lower clamp of the RFA denominator phi(q).z (computed in fp32; see "
-                          "rfa_fairseq/ops/denominator.py for how it compares with the authors' floor)"},
+        metadata={"help": "lower clamp of the RFA denominator phi(q).z, in fp32 (compared with the authors' "
+                          "floor in rfa_fairseq/ops/denominator.py)"},
     )
     rfa_cross_abs_denominator: bool = field(
         default=False,
@@ -74,9 +71,8 @@ class RFAConfig(FairseqDataclass):
     )
     rfa_cross_norm_rescale: bool = field(
         default=False,
-        metadata={"help": "cross attention weights each source key's features by exp(|k|^2 / 2 head_dim), so "
-                          "a key's norm (which the unit normalisation of the features drops) sets how much it is "
-                          "attended to (rfa-doc-mt's --norm-rescale)"},
+        metadata={"help": "cross attention weights each key's features by exp(|k|^2 / 2 head_dim), so that its "
+                          "norm (dropped by the unit normalisation) sets its weight (rfa-doc-mt's --norm-rescale)"},
     )
     rfa_chunk_size: int = field(
         default=DEFAULT_CHUNK_SIZE,
@@ -85,16 +81,14 @@ class RFAConfig(FairseqDataclass):
     rfa_recompute: bool = field(
         default=False,
         metadata={"help": "in training, keep only the input of every causal RFA attention (q, k, v of cross "
-                          "attention) for the backward pass and compute the rest again there, also for sequences no "
-                          "longer than --rfa-recompute-segment and for cross attention (see docs/benchmarks.md)"},
+                          "attention) for the backward pass, which computes the rest again, also below "
+                          "--rfa-recompute-segment (docs/benchmarks.md)"},
     )
     rfa_recompute_segment: int = field(
         default=DEFAULT_RECOMPUTE_SEGMENT,
-        metadata={"help": "in training, causal RFA takes a sequence longer than this many tokens segment by segment, "
-                          "keeping only each segment's input and entering state for the backward pass, which "
-                          "recomputes the segments one at a time, projections included: training memory grows with "
-                          "the length by the input alone (0: no segments, every intermediate kept unless "
-                          "--rfa-recompute)"},
+        metadata={"help": "in training, causal RFA recomputes a longer sequence segment by segment, keeping only "
+                          "each segment's input and entering state: memory grows with the length by the input "
+                          "alone (0: no segments, every intermediate kept unless --rfa-recompute)"},
     )
 
 
@@ -122,9 +116,8 @@ def fill_rfa_defaults(args):
 
 
 def rfa_config_from(args) -> RFAConfig:
-    """Read and validate the ``rfa_*`` options from a namespace, dataclass or DictConfig.
-
-    Raises ValueError naming the offending flag."""
+    """Read and validate the ``rfa_*`` options from a namespace, dataclass or DictConfig. Raises ValueError
+    naming the offending flag."""
     values = read_fields(RFAConfig, args)
     for name in ("rfa_causal_feature_dim", "rfa_cross_feature_dim", "rfa_chunk_size"):
         positive_int(flag(name), values[name])
@@ -134,14 +127,12 @@ def rfa_config_from(args) -> RFAConfig:
     values["rfa_kernel"] = one_of(flag("rfa_kernel"), values["rfa_kernel"], KERNELS)
     values["rfa_random_matrix"] = one_of(flag("rfa_random_matrix"), values["rfa_random_matrix"], RANDOM_MATRICES)
     values["rfa_gate_form"] = one_of(flag("rfa_gate_form"), values["rfa_gate_form"], GATE_FORMS)
-    values["rfa_gate"] = bool(values["rfa_gate"])
-    values["rfa_fixed_features"] = bool(values["rfa_fixed_features"])
+    for name in ("rfa_gate", "rfa_fixed_features", "rfa_cross_abs_denominator", "rfa_cross_norm_rescale",
+                 "rfa_recompute"):
+        values[name] = bool(values[name])
     if not values["rfa_gate"] and (values["rfa_gate_form"] != _DEFAULTS.rfa_gate_form
                                    or values["rfa_gate_bias"] != _DEFAULTS.rfa_gate_bias):
         raise ValueError("--rfa-gate-form and --rfa-gate-bias shape the gate: they need --rfa-gate")
-    values["rfa_cross_abs_denominator"] = bool(values["rfa_cross_abs_denominator"])
-    values["rfa_cross_norm_rescale"] = bool(values["rfa_cross_norm_rescale"])
-    values["rfa_recompute"] = bool(values["rfa_recompute"])
     non_negative_int(flag("rfa_recompute_segment"), values["rfa_recompute_segment"])
     return RFAConfig(**values)
 

@@ -22,6 +22,7 @@ from fairseq.dataclass import FairseqDataclass
 from torch import nn
 
 from .modules import CausalRFAttention
+from .modules.int8_linear import quantize_linears_
 from .ops import gaussian_step_weights
 
 
@@ -60,7 +61,6 @@ def to_decoding_form_(model: nn.Module, int8: bool = False) -> nn.Module:
         if isinstance(module, CausalRFAttention) and module.in_proj is None:
             fuse_causal_rfa_(module)
     if int8:
-        from .modules.int8_linear import quantize_linears_  # TODO(integration): top-level import
         quantize_linears_(model)
     return model
 

@@ -1,8 +1,7 @@
 """Checks of argument and flag values, one helper per check, for every layer of the package.
 
-Pure Python (no torch, no fairseq): ``ops``, ``modules``, ``models``, ``tasks`` and the command
-line tools all call these, so that a check and its message are written once. Each helper takes
-the name to print (a flag such as ``--rfa-chunk-size`` or an argument such as ``embed_dim``) and
+Pure Python (no torch, no fairseq), so that a check and its message are written once. Each helper
+takes the name to print (a flag such as ``--rfa-chunk-size`` or an argument such as ``embed_dim``) and
 the value, raises ValueError naming it when the value is bad, and returns the value otherwise.
 """
 import math

@@ -52,9 +52,9 @@ def test_prepare_for_inference_fuses_the_causal_projections_and_keeps_the_output
         quantize_linears_(ref)
         quantize_linears_(model)
         torch.testing.assert_close(model(*inputs)[0], ref(*inputs)[0], rtol=1e-5, atol=1e-5)
-    model.train()  # a converted model does not train: its checkpoints are always the training form
+    attn[0].train()  # a converted module does not train: checkpoints are always the training form
     with pytest.raises(RuntimeError, match="converted for inference"):
-        model(*inputs)
+        attn[0](torch.randn(3, 2, attn[0].embed_dim))
 
 
 def test_int8_logits_follow_float32_and_decode_as_the_full_pass(lm_model):

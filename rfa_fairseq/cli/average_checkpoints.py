@@ -7,18 +7,16 @@ ship), e.g.
     rfa-average-checkpoints --inputs a.pt b.pt c.pt --output avg.pt
 
 Floating-point parameters and buffers are averaged, except the random feature matrices
-(``*.feature_map.random_matrix``): an average of independent random draws is not a random
-feature matrix (its rows shrink towards zero and the kernel estimate is biased), so those, like
-integer buffers, are taken from the newest checkpoint (the highest update count). Checkpoints
-are read with ``weights_only=True``; importing rfa_fairseq allow-lists what fairseq stores.
+(``*.feature_map.random_matrix``): an average of independent draws is not a random feature matrix
+(its rows shrink towards zero, biasing the kernel estimate), so those, like integer buffers, come from
+the newest checkpoint (the highest update count). Checkpoints are read with ``weights_only=True``;
+importing rfa_fairseq allow-lists what fairseq stores.
 """
 import argparse
 import os
 import re
 
 import torch
-
-# importing the package (rfa_fairseq/__init__.py) sets the safe unpickler's allow-list
 
 KEEP_FROM_NEWEST = ("feature_map.random_matrix",)
 

@@ -3,27 +3,24 @@
     rfa-convert-from-softmax --input softmax.pt --output rfa.pt [--rfa-gate] [--rfa-* ...]
     fairseq-train DATA --user-dir rfa_fairseq --finetune-from-model rfa.pt --arch <printed arch> ...
 
-Kasai et al. (2021, "Finetuning Pretrained Transformers into RNNs") turn a pretrained transformer
-into a recurrent one by swapping its attention and finetuning briefly. This script does the swap
-for fairseq ``transformer*`` (translation) and ``transformer_lm*`` (language model) checkpoints:
-the output is a checkpoint of the RFA architecture of the same name (``rfa_`` + the source's, or
-the base ``rfa_transformer`` / ``rfa_transformer_lm`` with the source's dimensions), with the
-source's dictionaries and task arguments, and every weight the two models share copied: encoder,
-embeddings, the attention projections (q, k, v, out), FFNs, norms, output projection. The RFA
-parameters are initialised as in a new model, seeded by ``--seed``: sigma (``--rfa-init-sigma``),
-the random matrices, the gate (``--rfa-gate``, ``--rfa-gate-bias``). fairseq-generate,
-fairseq-eval-lm and fairseq-train --finetune-from-model read the output directly (with
-``--user-dir rfa_fairseq``). A translation model keeps its trained cross attention (fairseq's
-softmax, the RFA decoder's default), so that only the decoder's self-attention changes;
-``--cross-attention rfa`` replaces it too (the paper's model). ``--decoder-attention softmax``
-changes no attention at all: the same model as the plugin's ``rfa_transformer`` with fairseq's
-decoder, which decodes with the plugin's beam search (one copy of the source per sentence:
-``SoftmaxCrossAttention``, ``BeamGroupedReorder``), the same hypotheses with less memory and time
-at long sources. The optimizer state is dropped: it belonged to other parameters.
+Kasai et al. (2021, "Finetuning Pretrained Transformers into RNNs") swap a pretrained transformer's
+attention and finetune briefly. This script does the swap for fairseq ``transformer*`` (translation)
+and ``transformer_lm*`` checkpoints: the output is a checkpoint of the RFA architecture of the same
+name (``rfa_`` + the source's, or the base ``rfa_transformer`` / ``rfa_transformer_lm`` with the
+source's dimensions), with the source's dictionaries and task arguments and every shared weight
+copied (encoder, embeddings, attention projections, FFNs, norms, output projection). The RFA
+parameters are initialised as in a new model, seeded by ``--seed``: sigma (``--rfa-init-sigma``), the
+random matrices, the gate (``--rfa-gate``, ``--rfa-gate-bias``). fairseq-generate, fairseq-eval-lm
+and fairseq-train --finetune-from-model read the output (with ``--user-dir rfa_fairseq``).
 
-The input is read with torch.load(weights_only=True) (the classes fairseq checkpoints pickle are
-allow-listed by the plugin), including legacy checkpoints whose arguments are an argparse
-Namespace; the output is in the current format.
+A translation model keeps its trained softmax cross attention (the RFA decoder's default);
+``--cross-attention rfa`` replaces it too (the paper's model). ``--decoder-attention softmax`` changes
+no attention: fairseq's decoder with the plugin's beam search (one copy of the source per sentence:
+``SoftmaxCrossAttention``, ``BeamGroupedReorder``), the same hypotheses with less memory and time at
+long sources. The optimizer state is dropped: it belonged to other parameters.
+
+The input is read with torch.load(weights_only=True) (the plugin allow-lists fairseq's checkpoint
+classes), legacy checkpoints with argparse ``args`` included; the output is in the current format.
 """
 import argparse
 import sys
@@ -54,8 +51,7 @@ class ConversionError(ValueError):
 
 
 def load_checkpoint(path) -> dict:
-    """The checkpoint, loaded safely and upgraded as fairseq upgrades it (legacy ``args`` become
-    ``cfg``)."""
+    """The checkpoint, loaded safely and upgraded as fairseq upgrades it (legacy ``args`` become ``cfg``)."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "model" not in state:
         raise ConversionError(f"{path} is not a fairseq checkpoint (no 'model' entry)")
@@ -95,8 +91,7 @@ def rfa_arch_for(model_cfg, weights) -> str:
 
 
 def _dictionary(size: int) -> Dictionary:
-    """A stand-in dictionary of ``size`` symbols: building the model needs only its size and
-    special indices, so the source's data directory need not exist here."""
+    """A stand-in dictionary of ``size`` symbols: the model needs only its size and special indices."""
     d = Dictionary()
     for i in range(size - len(d)):
         d.add_symbol(f"<w{i}>")
@@ -125,9 +120,8 @@ def stand_in_task(weights, language_model: bool):
 def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | None = None,
             decoder_attention: str | None = None):
     """Convert a loaded softmax checkpoint; returns ``(rfa checkpoint, rfa arch, RFA-only names)``.
-    A translation model's cross attention: ``cross_attention`` (default: the model's default,
-    softmax, which keeps the trained one as it is; ``"rfa"`` replaces it); its decoder:
-    ``decoder_attention`` (default rfa; ``"softmax"`` keeps fairseq's decoder as it is)."""
+    ``cross_attention``, ``decoder_attention``: a translation model's, as the flags of the same names
+    (default None: the model's defaults, softmax cross attention kept as trained, an RFA decoder)."""
     cfg, weights = state["cfg"], state["model"]
     source_cfg = cfg.model
     target = rfa_arch_for(source_cfg, weights)
@@ -200,8 +194,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1, help="seed of the RFA parameters' initialisation and draws")
     parser.add_argument("--cross-attention", choices=CROSS_ATTENTIONS,
                         help="translation: the converted decoder's cross attention, softmax (the default: the "
-                             "source's trained cross attention kept as it is; only the self-attention becomes RFA) "
-                             "or rfa (replaced too, the paper's model)")
+                             "source's trained one kept, only self-attention becomes RFA) or rfa (the paper's model)")
     parser.add_argument("--decoder-attention", choices=DECODER_ATTENTIONS,
                         help="translation: rfa (the default) or softmax: fairseq's decoder kept as it is, no weight "
                              "changed, for the plugin's leaner beam search at long sources")

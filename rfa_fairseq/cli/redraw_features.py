@@ -4,14 +4,11 @@
     rfa-redraw-features CKPT OUT --seed 2 --causal-feature-dim 256 --cross-feature-dim 512
     rfa-redraw-features CKPT OUT --seed 2 --feature-scale 4     # 4x the features of each
 
-A trained model decodes with the random matrices saved in its checkpoint (the last ones drawn in
-training). Decoding the same model with other draws (``--seed``) shows how much of its BLEU or
-perplexity depends on the feature noise; more random features (``--*-feature-dim``) lower that
-noise at a higher decoding cost. Everything else in the checkpoint (weights, sigma, optimizer
-state, arguments other than the feature sizes) is kept as it is. Matrices are drawn as in
-training (``--rfa-random-matrix`` of the checkpoint), seeded from ``--seed`` and the module. Only
-the decoder's matrices are redrawn: a linear encoder's (``--encoder-attention rfa``, ``favor``)
-are kept.
+A trained model decodes with the random matrices saved in its checkpoint. Decoding it with other
+draws (``--seed``) shows how much of its BLEU or perplexity depends on the feature noise; more
+features (``--*-feature-dim``) lower that noise at a higher decoding cost. Only the decoder's matrices
+are redrawn, as in training (the checkpoint's ``--rfa-random-matrix``), seeded from ``--seed`` and the
+module; everything else (weights, sigma, optimizer state, a linear encoder's matrices) is kept.
 """
 import argparse
 

@@ -1,30 +1,26 @@
 """Long-text classification: model ``rfa_classifier`` and its Long Range Arena architectures.
 
-An encoder-only transformer whose self-attention is chosen with ``--encoder-attention``
-(softmax, rfa, favor or lara: ``rfa_fairseq.modules.encoder_attention``; the encoder and its
-flags, ``rfa_encoder.EncoderAttentionConfig``, are the translation model's encoder's), a pooling of its
-output (the mean over the real tokens, or the first token) and an MLP head. It is trained and
-evaluated with fairseq's own ``sentence_prediction`` task and criterion::
+An encoder-only transformer (the translation model's encoder, with its ``--encoder-attention`` softmax,
+rfa, favor or lara: ``rfa_encoder.EncoderAttentionConfig``), a pooling of its output (the mean over the
+real tokens, or the first token) and an MLP head, trained and evaluated with fairseq's own
+``sentence_prediction`` task and criterion::
 
     fairseq-train DATA --user-dir rfa_fairseq --task sentence_prediction --num-classes 10 \\
         --criterion sentence_prediction --arch rfa_classifier_lra_listops --encoder-attention rfa ...
     fairseq-validate DATA --user-dir rfa_fairseq --task sentence_prediction --path checkpoint_best.pt ...
 
-Two documents (LRA's Retrieval): the task concatenates ``input0`` and ``input1`` into one row,
-``doc1 </s> [separator] doc2 </s>`` (fairseq-preprocess ends every line with ``</s>``; the
-separator is ``--separator-token``, and ``--init-token`` starts the first document). With
-``--classifier-head dual`` the model cuts each row after its first ``</s>``, encodes both
-documents with the same encoder (as one batch of 2B rows), pools each to u and v, and feeds
-[u, v, u*v, u-v] (``--pair-interaction nli``, the LRA paper's description) or [u, v]
-(``concat``, the default of LRA's released code) to the MLP.
+Two documents (LRA's Retrieval): the task joins ``input0`` and ``input1`` into one row ``doc1 </s>
+[separator] doc2 </s>`` (``--separator-token``; ``--init-token`` starts the first document). With
+``--classifier-head dual`` the model cuts each row after its first ``</s>``, encodes both documents
+as one batch of 2B rows, pools each to u and v, and feeds [u, v, u*v, u-v] (``--pair-interaction
+nli``, the LRA paper's description) or [u, v] (``concat``, LRA's released code) to the MLP.
 
-Pooling ``cls`` reads the first position, which must hold ``<s>``: train with ``--init-token 0``
-(and ``--separator-token 0`` for pairs, so that the second document starts with ``<s>`` too).
-``mean`` averages over the non-padding positions only (LRA's code averages over the padding as
-well); either way the pooled vector does not depend on how much padding a batch adds.
+Pooling ``cls`` reads the first position, which must hold ``<s>``: train with ``--init-token 0`` (and
+``--separator-token 0`` for pairs). ``mean`` averages over the non-padding positions only (LRA's code
+includes the padding), so the pooled vector does not depend on how much padding a batch adds.
 
-Layouts: ``src_tokens`` is Batch x Time, right-padded as ``sentence_prediction`` pads; the
-encoder works in Time x Batch x Channel (fairseq's layout), the heads on Batch x Channel.
+Layouts: ``src_tokens`` is Batch x Time, right-padded; the encoder works in Time x Batch x Channel,
+the heads on Batch x Channel.
 """
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
@@ -49,30 +45,23 @@ PAIR_INTERACTIONS = ("nli", "concat")
 
 @dataclass
 class RFAClassifierConfig(EncoderAttentionConfig):
-    """The classifier's flags: the encoder's attention choices (``EncoderAttentionConfig``, the
-    translation model's encoder's), its sizes, and the pooling and head."""
+    """The classifier's flags: the encoder's attention choices and sizes, the pooling and the head."""
 
     encoder_layers: int = field(default=4, metadata={"help": "number of encoder layers"})
     encoder_embed_dim: int = field(default=256, metadata={"help": "encoder embedding (model) dimension"})
     encoder_ffn_embed_dim: int = field(default=1024, metadata={"help": "encoder feed-forward inner dimension"})
     encoder_attention_heads: int = field(default=4, metadata={"help": "number of encoder attention heads"})
-    encoder_normalize_before: bool = field(
-        default=True, metadata={"help": "layer norm before each block (pre-norm, as LRA), and a final layer norm"}
-    )
-    encoder_learned_pos: bool = field(
-        default=False, metadata={"help": "learned position embeddings instead of sinusoidal ones (LRA's default)"}
-    )
-    no_scale_embedding: bool = field(
-        default=True, metadata={"help": "do not scale token embeddings by sqrt(dim) (LRA does not scale them)"}
-    )
+    encoder_normalize_before: bool = field(default=True, metadata={"help": "pre-norm (as LRA), a final layer norm"})
+    encoder_learned_pos: bool = field(default=False, metadata={"help": "learned positions, not LRA's sinusoidal ones"})
+    no_scale_embedding: bool = field(default=True, metadata={"help": "no sqrt(dim) scale of embeddings (as LRA)"})
     activation_fn: ChoiceEnum(["relu", "gelu"]) = field(default="gelu", metadata={"help": "FFN activation"})
     dropout: float = field(default=0.1, metadata={"help": "dropout probability"})
     attention_dropout: float = field(default=0.1, metadata={"help": "dropout probability of attention weights"})
     activation_dropout: float = field(default=0.0, metadata={"help": "dropout probability after the FFN activation"})
     classifier_pooling: ChoiceEnum(list(POOLINGS)) = field(
         default="cls",
-        metadata={"help": "what the head reads: cls (the first position, which must be <s>: --init-token 0) or mean "
-                          "(the mean over the non-padding positions)"},
+        metadata={"help": "what the head reads: cls (the first position, <s>: --init-token 0) or mean (the mean "
+                          "over the non-padding positions)"},
     )
     classifier_head: ChoiceEnum(list(CLASSIFIER_HEADS)) = field(
         default="single",
@@ -83,9 +72,7 @@ class RFAClassifierConfig(EncoderAttentionConfig):
         default="nli",
         metadata={"help": "with --classifier-head dual: the head reads [u, v, u*v, u-v] (nli) or [u, v] (concat)"},
     )
-    classifier_mlp_dim: int = field(
-        default=0, metadata={"help": "hidden size of the head's MLP (0: --encoder-ffn-embed-dim, as LRA)"}
-    )
+    classifier_mlp_dim: int = field(default=0, metadata={"help": "head MLP size (0: --encoder-ffn-embed-dim, as LRA)"})
     max_positions: int = II("task.max_positions")
 
 
@@ -181,8 +168,7 @@ class RFAClassifierModel(BaseFairseqModel):
         if self.pooling == "cls" and bool(src_tokens[:, 0].ne(dictionary.bos()).any()):
             raise ValueError("--classifier-pooling cls reads the first position, which must be <s>: train with "
                              "--init-token 0 (and --separator-token 0 for two documents)")
-        out = self.encoder(src_tokens, return_all_hiddens=False)
-        x = out["encoder_out"][0]  # Time x Batch x Channel
+        x = self.encoder(src_tokens, return_all_hiddens=False)["encoder_out"][0]  # Time x Batch x Channel
         if self.pooling == "cls":
             return x[0]
         keep = src_tokens.ne(dictionary.pad()).t().unsqueeze(-1).type_as(x)  # Time x Batch x 1
@@ -212,9 +198,8 @@ class RFAClassifierModel(BaseFairseqModel):
 
     def upgrade_state_dict_named(self, state_dict, name):
         super().upgrade_state_dict_named(state_dict, name)
-        # Heads saved in the checkpoint that this model was not built with (it was trained under
-        # another --classification-head-name, or with several heads) are registered with their
-        # saved sizes, so that strict loading keeps them instead of failing on their keys.
+        # Saved heads this model was not built with (another --classification-head-name, several heads)
+        # are registered with their saved sizes, so that strict loading keeps them instead of failing.
         prefix = name + "." if name else ""
         for key in list(state_dict):
             if key.startswith(prefix + "classification_heads.") and key.endswith(".out_proj.weight"):
@@ -229,18 +214,16 @@ def _set_default(args, name, value):
         setattr(args, name, value)
 
 
-# The architecture named ``rfa_classifier`` is registered by register_model and takes its defaults
-# from the dataclass; this helper fills the same defaults on a namespace (the named architectures).
+# ``rfa_classifier`` itself takes the dataclass's defaults; the named architectures fill them with this.
 def rfa_classifier_base_architecture(args):
     for name, value in read_fields(RFAClassifierConfig, args).items():
         if name != "max_positions":  # the task's, by interpolation
             setattr(args, name, value)
 
 
-# The Long Range Arena settings (Tay et al., ICLR 2021; google-research/long-range-arena configs,
-# commit cd31e5c: base_listops_config.py, base_tc_config.py, base_match_config.py): pre-norm
-# encoders with sinusoidal positions, GELU FFN, dropout 0.1, the first-token (CLS) pooling and a
-# head MLP as wide as the FFN.
+# Long Range Arena (Tay et al., ICLR 2021; google-research/long-range-arena cd31e5c, base_listops_config.py,
+# base_tc_config.py, base_match_config.py): pre-norm, sinusoidal positions, GELU FFN, dropout 0.1, CLS pooling
+# and a head MLP as wide as the FFN.
 @register_model_architecture("rfa_classifier", "rfa_classifier_lra_listops")
 def rfa_classifier_lra_listops(args):
     """ListOps: 4 layers, 512 dims, 8 heads, FFN 1024; 10 classes, up to 2,000 tokens."""

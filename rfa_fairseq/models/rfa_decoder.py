@@ -1,11 +1,10 @@
-"""The RFA decoder shared by both model families: fairseq's TransformerDecoder with RFA layers;
-and the translation model's softmax decoder (``--decoder-attention softmax``), fairseq's own.
+"""The RFA decoder shared by both model families (fairseq's TransformerDecoder with RFA layers), and
+the translation model's softmax decoder (``--decoder-attention softmax``), fairseq's own.
 
-Only the builders are overridden (``build_decoder_layer``, ``build_self_attention``,
-``build_encoder_attention``); fairseq's forward passes, embeddings, output projections and
-incremental-decoding protocol are used as they are. Layout: Time x Batch x Channel inside layers.
-Softmax cross attention, in either decoder, is :class:`SoftmaxCrossAttention`: fairseq's, with one
-copy of the source's keys and values per sentence in beam search.
+Only the builders are overridden; fairseq's forward passes, embeddings, output projections and
+incremental-decoding protocol are used as they are (Time x Batch x Channel inside layers). Softmax
+cross attention, in either decoder, is :class:`SoftmaxCrossAttention`: fairseq's, with one copy of
+the source's keys and values per sentence in beam search.
 """
 from typing import Optional
 
@@ -42,66 +41,47 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
         # The attention builders run inside the parent constructor and need these.
         self.rfa, self.layer_idx, self.cross_attention = rfa, layer_idx, cross_attention
         super().__init__(cfg, no_encoder_attn, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn)
-        # Implicit RFA attention weights cost O(source length) per step: compute them only for
-        # the layer fairseq asks to align with (need_attn), not for every layer at inference.
+        # Implicit RFA attention weights cost O(source length) per step: only for the layer fairseq aligns with.
         self.need_attn = False
 
     def _feature_map(self, cfg, num_features: int, module_id: int) -> RandomFeatureMap:
-        heads = cfg.decoder.attention_heads
-        return RandomFeatureMap(
-            num_heads=heads,
-            head_dim=cfg.decoder.embed_dim // heads,
-            num_features=num_features,
-            kernel=self.rfa.rfa_kernel,
-            random_matrix=self.rfa.rfa_random_matrix,
-            init_sigma=self.rfa.rfa_init_sigma,
-            module_id=module_id,
-            fixed=self.rfa.rfa_fixed_features,
-        )
+        heads, rfa = cfg.decoder.attention_heads, self.rfa
+        return RandomFeatureMap(num_heads=heads, head_dim=cfg.decoder.embed_dim // heads, num_features=num_features,
+                                kernel=rfa.rfa_kernel, random_matrix=rfa.rfa_random_matrix,
+                                init_sigma=rfa.rfa_init_sigma, module_id=module_id, fixed=rfa.rfa_fixed_features)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise ValueError("RFA self-attention supports neither add_bias_kv, add_zero_attn nor "
                              "--cross-self-attention")
+        rfa = self.rfa
         return CausalRFAttention(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            self._feature_map(cfg, self.rfa.rfa_causal_feature_dim, module_id=2 * self.layer_idx),
-            gate=self.rfa.rfa_gate,
-            gate_form=self.rfa.rfa_gate_form,
-            gate_bias=self.rfa.rfa_gate_bias,
-            eps=self.rfa.rfa_eps,
-            chunk_size=self.rfa.rfa_chunk_size,
-            recompute=self.rfa.rfa_recompute,
-            recompute_segment=self.rfa.rfa_recompute_segment,
+            embed_dim, cfg.decoder.attention_heads,
+            self._feature_map(cfg, rfa.rfa_causal_feature_dim, module_id=2 * self.layer_idx),
+            gate=rfa.rfa_gate, gate_form=rfa.rfa_gate_form, gate_bias=rfa.rfa_gate_bias, eps=rfa.rfa_eps,
+            chunk_size=rfa.rfa_chunk_size, recompute=rfa.rfa_recompute, recompute_segment=rfa.rfa_recompute_segment,
         )
 
     def build_encoder_attention(self, embed_dim, cfg):
         if self.cross_attention == "softmax":
             return super().build_encoder_attention(embed_dim, cfg)
+        rfa = self.rfa
         return CrossRFAttention(
-            embed_dim,
-            cfg.decoder.attention_heads,
-            self._feature_map(cfg, self.rfa.rfa_cross_feature_dim, module_id=2 * self.layer_idx + 1),
-            kdim=cfg.encoder.embed_dim,
-            eps=self.rfa.rfa_eps,
-            abs_denominator=self.rfa.rfa_cross_abs_denominator,
-            norm_rescale=self.rfa.rfa_cross_norm_rescale,
-            recompute=self.rfa.rfa_recompute,
+            embed_dim, cfg.decoder.attention_heads,
+            self._feature_map(cfg, rfa.rfa_cross_feature_dim, module_id=2 * self.layer_idx + 1),
+            kdim=cfg.encoder.embed_dim, eps=rfa.rfa_eps, abs_denominator=rfa.rfa_cross_abs_denominator,
+            norm_rescale=rfa.rfa_cross_norm_rescale, recompute=rfa.rfa_recompute,
         )
 
 
 class SoftmaxTransformerDecoder(TransformerDecoderBase):
     """fairseq's transformer decoder (``--decoder-attention softmax``) with
-    :class:`SoftmaxTransformerDecoderLayer` layers. fairseq's ``set_beam_size`` tells every
-    attention module the generator's beam.
+    :class:`SoftmaxTransformerDecoderLayer` layers; ``set_beam_size`` tells every attention module the beam.
 
-    While decoding (with an incremental state) no layer returns its cross-attention weights unless
-    ``decoding_attention`` is set (``--decoding-attention``): fairseq's SequenceGenerator keeps
-    them for every hypothesis in a beam x source x output buffer and copies it after every step,
-    which at long sources costs as much as the step itself, for ``hypo["attention"]``, which
-    fairseq's own tools do not read. Training and scoring forwards return them as fairseq does.
-    """
+    While decoding no layer returns its cross-attention weights unless ``decoding_attention`` is set:
+    the SequenceGenerator keeps them in a beam x source x output buffer copied after every step (as
+    costly as the step at long sources) for ``hypo["attention"]``, which fairseq's tools do not read.
+    Training and scoring forwards return them as fairseq does."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None,
                  decoding_attention: bool = False):
@@ -125,11 +105,8 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
 
 
 class RFATransformerDecoder(SoftmaxTransformerDecoder):
-    """fairseq's transformer decoder with :class:`RFATransformerDecoderLayer` layers.
-
-    Args: as :class:`SoftmaxTransformerDecoder`, plus the :class:`RFAConfig` and the cross
-    attention's kind (``"rfa"`` or ``"softmax"``).
-    """
+    """fairseq's transformer decoder with :class:`RFATransformerDecoderLayer` layers. Args: as
+    :class:`SoftmaxTransformerDecoder`, plus the :class:`RFAConfig` and the cross attention's kind."""
 
     def __init__(self, cfg, dictionary, embed_tokens, rfa: RFAConfig, no_encoder_attn=False,
                  output_projection=None, cross_attention: str = "rfa", decoding_attention: bool = False):
@@ -146,10 +123,9 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
                 stream_state: Optional[IncrementalState] = None, **kwargs):
-        """fairseq's forward; with ``stream_state`` (a stateful language model: a dict in fairseq's
-        incremental-state layout, ``{}`` at a stream's start), ``prev_output_tokens [B, T]`` is the
-        next block of B text streams: every causal RFA layer starts from its state there and leaves
-        its final state there (not detached). Positions restart at the block."""
+        """fairseq's forward; with ``stream_state`` (a stateful LM: a dict in fairseq's incremental-state
+        layout, ``{}`` at a stream's start), ``prev_output_tokens [B, T]`` is the next block of B text streams:
+        every causal RFA layer continues its state there (not detached). Positions restart at the block."""
         if stream_state is None:
             return super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)
         if incremental_state is not None or encoder_out is not None or kwargs.get("return_all_hiddens"):
@@ -176,8 +152,7 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         return (x if features_only else self.output_layer(x)), {"attn": [None], "inner_states": [x]}
 
     def buffered_future_mask(self, tensor):
-        """RFA's causal attention is causal by construction; fairseq's T x T future mask would
-        only cost O(T^2) memory, so none is built."""
+        """None: RFA is causal by construction, and fairseq's T x T mask would only cost O(T^2) memory."""
         return None
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,

@@ -1,21 +1,14 @@
 """The translation model's encoder with linear self-attention: RFA, FAVOR+ or LARA.
 
 fairseq's TransformerEncoder with one builder overridden: each layer's ``self_attn`` comes from
-``modules.encoder_attention.build_encoder_self_attention``. Embeddings, layer norms, the
-feed-forward blocks and the forward pass are fairseq's. Layout: Time x Batch x Channel inside
-layers; the padding mask fairseq passes to every layer (``[B, S]``, True = pad) keeps padded
-positions out of the keys, the values and LARA's landmarks.
+``modules.encoder_attention.build_encoder_self_attention``; the rest is fairseq's. Layout: Time x
+Batch x Channel inside layers; the padding mask passed to every layer (``[B, S]``, True = pad) keeps
+padded positions out of the keys, the values and LARA's landmarks. With ``--encoder-attention
+softmax`` (the default) the model builds fairseq's own encoder (:class:`SoftmaxTransformerEncoder`,
+which adds no weights), so softmax-encoder checkpoints hold exactly the weights they always did.
 
-With ``--encoder-attention softmax`` (the default) the model builds fairseq's own encoder
-(:class:`SoftmaxTransformerEncoder`, which adds no weights), so softmax-encoder checkpoints hold
-exactly the weights they always did.
-
-Both encoders reorder their output for beam search as :class:`BeamGroupedReorder` says: without
-a copy while the generator only moves hypotheses within their sentence's beam.
-
-:class:`EncoderAttentionConfig` holds the encoder's choices (``--encoder-attention``,
-``--encoder-feature-dim``, ``--lara-landmarks``), which the translation model and the classifier
-both have; :func:`encoder_attention_config_from` reads and checks them.
+:class:`EncoderAttentionConfig` holds the encoder's choices, which the translation model and the
+classifier both have; :func:`encoder_attention_config_from` reads and checks them.
 """
 from dataclasses import dataclass, field, fields
 
@@ -40,11 +33,10 @@ class EncoderAttentionConfig(FairseqDataclass):
 
     encoder_attention: ChoiceEnum(list(ENCODER_ATTENTIONS)) = field(
         default="softmax",
-        metadata={"help": "the encoder's self-attention, non-causal over the source with padding excluded: softmax "
-                          "(fairseq's, quadratic in the source length), rfa (random Fourier features with a learned "
-                          "sigma, as the RFA decoder), favor (Performer's positive random features) or lara (linear "
-                          "randomized attention, Zheng et al. 2022, from --lara-landmarks landmarks); the linear "
-                          "kinds form no attention probabilities, so --attention-dropout does not apply to them"},
+        metadata={"help": "the encoder's self-attention (padding excluded): softmax (fairseq's, quadratic in the "
+                          "source length), rfa (random Fourier features with a learned sigma, as the RFA decoder), "
+                          "favor (Performer's positive random features) or lara (linear randomized attention, Zheng "
+                          "et al. 2022); --attention-dropout applies to softmax only"},
     )
     encoder_feature_dim: int = field(
         default=64,
@@ -52,8 +44,8 @@ class EncoderAttentionConfig(FairseqDataclass):
     )
     lara_landmarks: int = field(
         default=16,
-        metadata={"help": "landmarks C per head of --encoder-attention lara: segment means of the source's queries and "
-                          "keys, one proposal and one sample each (cost O(source length x C) per head)"},
+        metadata={"help": "landmarks C per head of --encoder-attention lara (segment means of the queries and keys, "
+                          "one proposal and sample each; cost O(source length x C) per head)"},
     )
 
 
@@ -79,16 +71,10 @@ def encoder_attention_config_from(args) -> EncoderAttentionConfig:
 
 
 class BeamGroupedReorder:
-    """``reorder_encoder_out`` for an encoder under fairseq's beam search, without the copy where
-    it would change nothing.
-
-    fairseq's SequenceGenerator repeats each source's encoder output once per hypothesis of its
-    beam, and reorders all of it after every step: ``index_select`` of the T x (B * beam) x C output
-    and of the embeddings. With long sources those copies cost more than the decoder step itself.
-    The generator's orders move rows only within their sentence's beam while the batch keeps its
-    size (``modules/beam.py``), and a beam's rows are copies of one row: such an order leaves the
-    output as it was, so it is returned as it is. An order that drops finished sentences is applied
-    as fairseq applies it."""
+    """``reorder_encoder_out`` without fairseq's copy (an ``index_select`` of the T x (B * beam) x C output
+    after every step, costlier than the decoder step at long sources) where it would change nothing:
+    while the batch keeps its size, orders move rows only within their sentence's beam
+    (``modules/beam.py``), whose rows are copies of one row. Orders that drop sentences are applied as fairseq does."""
 
     def reorder_encoder_out(self, encoder_out, new_order):
         out = encoder_out["encoder_out"]
@@ -118,10 +104,8 @@ class RFATransformerEncoderLayer(TransformerEncoderLayerBase):
 
 
 class RFATransformerEncoder(BeamGroupedReorder, TransformerEncoderBase):
-    """fairseq's transformer encoder with :class:`RFATransformerEncoderLayer` layers.
-
-    Args: as ``TransformerEncoderBase`` (a ``TransformerConfig``), plus the attention choices.
-    """
+    """fairseq's transformer encoder with :class:`RFATransformerEncoderLayer` layers. Args: as
+    ``TransformerEncoderBase`` (a ``TransformerConfig``), plus the attention choices."""
 
     def __init__(self, cfg, dictionary, embed_tokens, attention: EncoderAttentionConfig, return_fc=False):
         self.attention = attention

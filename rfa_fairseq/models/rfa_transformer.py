@@ -1,11 +1,9 @@
 """Translation: model ``rfa_transformer`` and its architectures.
 
 fairseq's TransformerModel with a softmax encoder and an RFA decoder: causal RFA or RFA-Gate
-self-attention, and fairseq's softmax cross attention over the encoder output (``--cross-attention
-rfa``: RFA cross attention, the paper's machine translation model). ``--encoder-attention
-{rfa,favor,lara}`` makes the encoder's self-attention linear in the source length too
-(``rfa_encoder.py``), and ``--decoder-attention softmax`` puts fairseq's own decoder behind such an
-encoder.
+self-attention and fairseq's softmax cross attention (``--cross-attention rfa``: the paper's RFA cross
+attention). ``--encoder-attention {rfa,favor,lara}`` makes the encoder linear in the source length too
+(``rfa_encoder.py``), and ``--decoder-attention softmax`` puts fairseq's own decoder behind it.
 """
 import argparse
 
@@ -45,8 +43,7 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
     @classmethod
     def build_model(cls, args, task):
         if not isinstance(args, argparse.Namespace):
-            # fairseq-hydra-train passes a DictConfig; fairseq's TransformerConfig.from_namespace
-            # keeps unknown (rfa_*) keys only from a Namespace, so convert (the config is flat).
+            # fairseq-hydra-train's DictConfig: TransformerConfig keeps rfa_* keys only from a (flat) Namespace.
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         rfa_base_architecture(args)
         rfa_config_from(args)  # validate the --rfa-* flags before building anything
@@ -61,9 +58,8 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
         return model
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        # Weights with the other kind of cross attention than the model was built with (a checkpoint
-        # finetuned or loaded with another --cross-attention) would fail to load with a list of key
-        # names instead: name the choice that loads them.
+        # Weights of the other kind of cross attention (another --cross-attention) would fail to load
+        # with a list of key names: name the choice that loads them instead.
         prefix = "decoder.layers.0.encoder_attn."
         built = dict(self.named_modules()).get(prefix[:-1])
         if built is not None and any(key.startswith(prefix) for key in state_dict):

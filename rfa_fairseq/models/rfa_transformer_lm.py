@@ -82,8 +82,7 @@ class RFATransformerLanguageModel(InferenceMixin, TransformerLanguageModel):
         return embed
 
 
-# The architecture named ``rfa_transformer_lm`` is registered by register_model itself and takes
-# its defaults from the dataclass; this helper serves the named architectures below.
+# ``rfa_transformer_lm`` itself takes the dataclass's defaults; the named architectures below use this.
 def rfa_lm_base_architecture(args):
     fill_rfa_defaults(args)
     base_lm_architecture(args)

@@ -1,8 +1,7 @@
 """The translation model's attention choices (``rfa_transformer`` only), and their checks.
 
-Not ``--rfa-*`` flags: they choose between attentions (the encoder's, :class:`EncoderAttentionConfig`;
-the decoder's and its cross attention's, here), and the ``--rfa-*`` flags (``rfa_fairseq.config``)
-shape the RFA decoder.
+Not ``--rfa-*`` flags (``rfa_fairseq.config``), which shape the RFA decoder: these choose between
+attentions, the encoder's (:class:`EncoderAttentionConfig`), the decoder's and its cross attention's.
 """
 from dataclasses import dataclass, field, fields
 
@@ -36,11 +35,10 @@ class TranslationAttentionConfig(EncoderAttentionConfig):
     )
     decoding_attention: bool = field(
         default=False,
-        metadata={"help": "return the last decoder layer's cross-attention weights in every decoding step, as fairseq's "
-                          "transformer does, for the SequenceGenerator's hypo['attention']. Off by default: the generator "
-                          "keeps a copy of them for every hypothesis, a beam x source x output buffer that it reorders "
-                          "after every step, which at long inputs costs as much time as the decoder. fairseq-generate "
-                          "--print-alignment does not need them (it aligns in a pass of its own)"},
+        metadata={"help": "return the last decoder layer's cross-attention weights in every decoding step, as "
+                          "fairseq's transformer does, for hypo['attention']. Off by default: the generator reorders "
+                          "a beam x source x output copy of them after every step, as costly as the decoder at long "
+                          "inputs. fairseq-generate --print-alignment does not need them (it aligns in its own pass)"},
     )
 
 

@@ -1,10 +1,10 @@
 """The layout of fairseq's beam search, for the modules that keep decoding state.
 
-fairseq's SequenceGenerator repeats each source ``beam`` times, sentence-major (a sentence's
-hypotheses side by side), tells the model the beam through ``set_beam_size`` (for beams above 1),
-and after every step reorders the state with ``new_order``: each row's index in the previous step,
-always among its own sentence's rows; when finished sentences leave, the batch shrinks. Modules
-rely on that layout instead of checking it, which would read the order on the host every step.
+fairseq's SequenceGenerator repeats each source ``beam`` times, sentence-major, tells the model the
+beam through ``set_beam_size`` (for beams above 1), and after every step reorders the state with
+``new_order``: each row's index in the previous step, always among its own sentence's rows; the batch
+shrinks when finished sentences leave. Modules rely on that layout instead of checking it, which
+would read the order on the host every step.
 """
 from torch import Tensor
 

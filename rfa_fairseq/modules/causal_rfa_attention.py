@@ -1,19 +1,17 @@
 """CausalRFAttention: RFA / RFA-Gate self-attention for decoders and language models.
 
 Drop-in for fairseq's MultiheadAttention in a decoder layer's ``self_attn`` slot (same call
-signature). Layout: Time x Batch x Channel in and out. Causality is structural (the recurrence
-only looks back), so the decoder's future mask adds nothing and is only checked for shape.
+signature), Time x Batch x Channel. Causality is structural (the recurrence only looks back), so
+the decoder's future mask adds nothing and is only checked for shape.
 
-With an incremental state the module keeps one state per layer, ``S [B, H, F, K]`` and
-``z [B, H, F]`` packed as one fp32 tensor ``[S | z]`` ``[B, H, F, K + 1]`` (the layout of every op
-in ``ops``), as ``{"state": ..., "reorder_buffer": ...}`` under this module's key: its size does not
-depend on how many tokens came before. One token is a recurrent step; several tokens (a prompt,
-or the next block of a stateful language model's text) go through the chunked form from the state
-and leave their final state there.
+With an incremental state the module keeps one fp32 state per layer, ``[S | z]`` ``[B, H, F, K + 1]``
+(``S [B, H, F, K]``, ``z [B, H, F]``: the layout of every op in ``ops``), as ``{"state": ...,
+"reorder_buffer": ...}`` under this module's key; its size does not depend on the tokens before. One
+token is a recurrent step; several (a prompt, a stateful language model's next block) go through
+the chunked form from the state and leave their final state there.
 
 ``rfa_fairseq.inference`` converts the module into its decoding form: one linear layer ``in_proj``
-for q, k, v and the gate, and for the ``gaussian`` kernel the feature map precomputed
-(``ops.gaussian_step_weights``).
+for q, k, v and the gate, and the ``gaussian`` feature map precomputed (``ops.gaussian_step_weights``).
 """
 from typing import Optional, Tuple
 
@@ -43,13 +41,11 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             ``"decay"``, ``S_t = g_t S_{t-1} + phi(k_t) v_t^T`` (the RFA slides, GLA).
         gate_bias: the initial ``b_g`` (2: ``g`` starts near 0.88, about eight tokens of memory;
             0, the paper's: near 0.5, about two tokens).
-        recompute: under autograd, keep only the input ``x`` of a multi-token call for the
-            backward pass, and compute the projections, feature maps and chunked form again
-            there, instead of keeping their intermediates.
-        recompute_segment: under autograd, a sequence longer than this many tokens is recomputed
-            in any case, and segment by segment: each segment's checkpoint keeps its input and the
-            state entering it (``[B, H, F, K + 1]``), and the backward pass recomputes one segment
-            at a time, so training memory grows with the length by the input alone. 0: no segments.
+        recompute: under autograd, keep only the input ``x`` of a multi-token call for the backward
+            pass, which computes the projections, feature maps and chunked form again.
+        recompute_segment: under autograd, a sequence of more tokens than this is recomputed by segments,
+            each checkpoint keeping its input and entering state (``[B, H, F, K + 1]``), so training memory
+            grows with the length by the input alone. 0: no segments.
     """
 
     STATE_KEY = "causal_rfa"
@@ -68,8 +64,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         if self.gate_proj is not None:
             init_projection(self.gate_proj)
             nn.init.constant_(self.gate_proj.bias, gate_bias)
-        # The decoding form's (rfa_fairseq.inference): q, k, v and the gate's logit in one layer,
-        # and the gaussian feature map precomputed (ops.gaussian_step_weights). Never saved.
+        # The decoding form's (see the module docstring); never saved.
         self.in_proj: Optional[nn.Linear] = None
         self.register_buffer("step_projection", None, persistent=False)
         self.register_buffer("step_phase", None, persistent=False)
@@ -109,21 +104,18 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
 
     def _segment(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor],
                  state: Optional[Tensor], output_final_state: bool):
-        """Layer input in, attention out (heads, before ``out_proj``) and the final state:
-        projections, features and the chunked form from ``state``."""
+        """Layer input in; attention heads (before ``out_proj``) and the final state out, by the chunked form."""
         q, k, v, log_g = self._project(x, key_padding_mask, random_matrix)
         return chunk_causal_rfa(q, k, v, log_g, state, output_final_state, eps=self.eps, convex=self.convex,
                                 chunk_size=self.chunk_size)
 
     def _tokens(self, x: Tensor, key_padding_mask: Optional[Tensor], state: Optional[Tensor] = None,
                 output_final_state: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
-        """Tokens ``x [T, B, C]`` at once from ``state`` (training, scoring, prompts). Under autograd,
-        with ``recompute`` or for a sequence longer than ``recompute_segment``, through checkpoints,
-        one per segment, that keep only the segment's input (a view of ``x``) and the entering
-        state for the backward pass: the projections, features and chunked form are computed again
-        there, from a copy of this step's random matrix. Keeping the input rather than the heads
-        is what brings the layer's training memory to softmax's: fairseq's attention keeps ``x``,
-        ``q``, ``k``, ``v`` and its output; this keeps ``x`` and the output."""
+        """Tokens ``x [T, B, C]`` at once from ``state`` (training, scoring, prompts). Under autograd, with
+        ``recompute`` or past ``recompute_segment`` tokens, one checkpoint per segment keeps only its input
+        (a view of ``x``) and entering state; the backward pass recomputes the rest from a copy of this
+        step's random matrix. Keeping ``x`` rather than the heads brings training memory to softmax's
+        (fairseq's attention keeps ``x``, ``q``, ``k``, ``v`` and its output; this, ``x`` and the output)."""
         T = x.size(0)
         segment = self.recompute_segment or T
         if not torch.is_grad_enabled() or not (self.recompute or T > segment):
@@ -166,12 +158,9 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         before_softmax: bool = False,
         need_head_weights: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad). With
-        ``incremental_state``, the tokens continue this module's state there and leave it advanced.
-
-        Returns ``([T, B, C], None)``: RFA has no attention matrix to return for self-attention
-        (``need_weights`` is accepted for compatibility and yields None).
-        """
+        """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad). With ``incremental_state``,
+        the tokens continue this module's state there and leave it advanced. Returns ``([T, B, C], None)``:
+        there is no attention matrix to return (``need_weights`` is accepted for compatibility)."""
         if (key is not None and key is not query) or (value is not None and value is not query):
             raise ValueError("CausalRFAttention is self-attention: key and value must be the query tensor")
         if static_kv or before_softmax:
@@ -197,14 +186,10 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """Beam search: keep the state rows that the surviving hypotheses continue.
 
-        As fairseq's MultiheadAttention does for its key/value cache, but without autograd the
-        rows are gathered into a buffer kept beside the state (the two then swap roles), so a
-        decoding step allocates no new state-sized memory. When finished sentences shrink the
-        batch, the smaller state is gathered into the front of the larger buffer, so shrinking
-        allocates nothing either (a fresh state-sized tensor is mapped and zeroed page by page by
-        the operating system). With one hypothesis per sentence an order that keeps the batch size
-        keeps every row where it is (``modules/beam.py``), and nothing is copied.
-        """
+        Without autograd the rows are gathered into a buffer kept beside the state (the two then swap
+        roles; into its front when finished sentences shrink the batch), so a step allocates no
+        state-sized memory (which the operating system would zero page by page). With one hypothesis
+        per sentence an order that keeps the batch size keeps every row in place (``modules/beam.py``)."""
         buffer = self._get_input_buffer(incremental_state)
         state = buffer.get("state")
         if state is None:

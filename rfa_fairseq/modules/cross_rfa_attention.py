@@ -1,17 +1,16 @@
 """CrossRFAttention: RFA for the decoder's attention over the encoder output.
 
-Drop-in for fairseq's MultiheadAttention in a decoder layer's ``encoder_attn`` slot. Layout:
-Time x Batch x Channel. In decoding the source is summarised once into a state ``[S | z]``
-``[Bs, H, F, K + 1]`` (padding excluded), read at O(F K) per query and head. A whole target at
-once (training, scoring) takes whichever of that summary and the ``[Tq, S]`` feature products
-costs fewer multiply-adds (``ops.quadratic_is_cheaper``): the same numbers either way. Where the
-attention weights are asked for, the keys' features are kept and give both.
+Drop-in for fairseq's MultiheadAttention in a decoder layer's ``encoder_attn`` slot, Time x Batch x
+Channel. In decoding the source is summarised once into a state ``[S | z]`` ``[Bs, H, F, K + 1]``
+(padding excluded), read at O(F K) per query and head. A whole target at once (training, scoring)
+takes whichever of that summary and the ``[Tq, S]`` feature products costs fewer multiply-adds
+(``ops.quadratic_is_cheaper``): the same numbers either way. Asked for the attention weights, the
+module keeps the keys' features, which give both.
 
 Beam search: fairseq's SequenceGenerator calls ``set_beam_size`` and repeats the encoder output
-``beam`` times, sentence-major. The state is then computed from one copy per sentence and the
-queries of a sentence's beams are grouped onto it; reordering is a no-op while the batch keeps its
-sentences, and an index by sentence when finished sentences are dropped. The module trusts that
-layout (it is told, not checked: checking would compare tensors on the host at every source).
+``beam`` times, sentence-major. The state is computed from one copy per sentence and each sentence's
+beams read it as one group of queries; reordering is a no-op while the batch keeps its sentences, an
+index by sentence when finished ones are dropped. The layout is trusted, not checked (``modules/beam.py``).
 """
 from typing import Dict, Optional, Tuple
 
@@ -34,9 +33,8 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
     Args:
         embed_dim: decoder dimension ``C``; kdim: encoder dimension; num_heads: ``H``.
         feature_map: the :class:`RandomFeatureMap` shared by queries and keys.
-        recompute: under autograd and without a decoding state, keep only the heads ``q, k, v``
-            for the backward pass and compute the features, the summary and its readout again
-            there (as :class:`CausalRFAttention` does); not when attention weights are asked for.
+        recompute: under autograd, without a decoding state or weights asked for, keep only the heads
+            ``q, k, v`` for the backward pass, which computes the rest again (as :class:`CausalRFAttention`).
         abs_denominator: clamp ``|phi(q) . z|`` rather than ``phi(q) . z`` (the authors' code).
         norm_rescale: weight each key's features by ``exp(|k|^2 / 2K)`` (``ops.key_norm_weights``).
     """
@@ -51,10 +49,8 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
 
     def _source_state(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], rows: int,
                       keep_keys: bool) -> Dict[str, Optional[Tensor]]:
-        """What the queries read, from one copy of each source (every ``rows``-th row): the
-        ``state``, or, where the attention weights are asked for (``keep_keys``), the keys'
-        features ``k`` with the values ``v`` and the padding mask, which give both the weights and
-        the output."""
+        """What the queries read, from one copy of each source (every ``rows``-th row): the ``state``, or
+        with ``keep_keys`` (weights asked for) the keys' features ``k``, the values ``v`` and the mask."""
         if rows > 1:
             key, value = key[:, ::rows], value[:, ::rows]
             if key_padding_mask is not None:
@@ -78,12 +74,9 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
         before_softmax: bool = False,
         need_head_weights: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        """query: ``[Tq, B, C]``; key, value: ``[S, B, kdim]``; key_padding_mask: ``[B, S]``.
-
-        Returns ``[Tq, B, C]`` and, if ``need_weights``, the implicit attention weights
-        ``phi(q).phi(k_j) / max(phi(q).z, eps)``: averaged over heads ``[B, Tq, S]``, or per head
-        ``[H, B, Tq, S]`` with ``need_head_weights``.
-        """
+        """query: ``[Tq, B, C]``; key, value: ``[S, B, kdim]``; key_padding_mask: ``[B, S]``. Returns
+        ``[Tq, B, C]`` and, if ``need_weights``, the implicit attention weights ``phi(q).phi(k_j) /
+        max(phi(q).z, eps)``: ``[B, Tq, S]`` averaged over heads, or ``[H, B, Tq, S]`` with ``need_head_weights``."""
         if attn_mask is not None or before_softmax:
             raise ValueError("CrossRFAttention supports neither attn_mask nor before_softmax")
         need_weights = need_weights or need_head_weights
@@ -126,9 +119,8 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
 
     def _whole(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out_dtype: torch.dtype,
                random_matrix: Optional[Tensor] = None) -> Tensor:
-        """Heads in, attention out ``[B, H, Tq, K]`` (a call without a decoding state or weights):
-        features, then the source summary and its readout, or the same numbers through the
-        ``[Tq, S]`` feature products where that is cheaper (``ops/cross_rfa/quadratic.py``)."""
+        """Heads in, attention out ``[B, H, Tq, K]`` (without a decoding state or weights): through the
+        source summary, or the ``[Tq, S]`` feature products where cheaper (``ops/cross_rfa/quadratic.py``)."""
         phi_q = self.feature_map(q, random_matrix)
         phi_k = self._key_features(k, key_padding_mask, random_matrix)
         if quadratic_is_cheaper(k.shape[2], phi_q.shape[-1], v.shape[-1], Tq=q.shape[2]):

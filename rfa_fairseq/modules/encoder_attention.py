@@ -1,21 +1,16 @@
 """Encoder self-attention of every kind, behind one builder: softmax, RFA, FAVOR+ or LARA.
 
-:func:`build_encoder_self_attention` returns a module that fits the ``self_attn`` slot of
-fairseq's ``TransformerEncoderLayerBase`` (and any other caller, such as an encoder-only
-classifier): ``forward(query, key, value, key_padding_mask=None, need_weights=False,
-attn_mask=None)`` in Time x Batch x Channel, returning ``(out [T, B, C], None)`` for the linear
-kinds. ``softmax`` is fairseq's own MultiheadAttention (which returns its weights when asked).
-
+:func:`build_encoder_self_attention` returns a module for the ``self_attn`` slot of fairseq's
+``TransformerEncoderLayerBase`` (or another caller, such as the classifier): ``forward(query, key,
+value, key_padding_mask=None, need_weights=False, attn_mask=None)`` in Time x Batch x Channel,
+returning ``(out [T, B, C], None)`` for the linear kinds. ``softmax`` is fairseq's MultiheadAttention.
 The linear kinds are non-causal attention over the whole source, padding excluded as keys:
 
-- ``rfa``: random Fourier (sin/cos) features of the unit-normalised queries and keys with a
-  learned sigma, the decoder's feature map (``ops.feature_maps``, kernel ``gaussian``);
-- ``favor``: Performer's positive features (kernel ``favor``) through the same code;
+- ``rfa``: the decoder's random Fourier (sin/cos) features of unit-normalised queries and keys with
+  a learned sigma (kernel ``gaussian``), and ``favor``: Performer's positive features (kernel
+  ``favor``), both computed by the decoder's cross attention with the source as its own keys;
 - ``lara``: linear randomised attention (Zheng, Wang and Kong, ICML 2022; ``ops.lara``), which
   estimates softmax attention itself from ``landmarks`` proposals.
-
-``rfa`` and ``favor`` are the decoder's cross attention (``CrossRFAttention``, ``ops.cross_rfa``)
-with the source as its own keys: one code path computes both.
 """
 from typing import Optional, Tuple
 
@@ -33,12 +28,9 @@ RFA_KERNELS = {"rfa": "gaussian", "favor": "favor"}
 
 
 class EncoderRFAttention(CrossRFAttention):
-    """Non-causal RFA self-attention over the source: cross RFA with the source as its own keys.
-
-    Whole-sequence only (an encoder has no incremental state). ``need_weights`` is accepted for
-    fairseq's call signature and yields None: the weights would cost the T x T matrix that linear
-    attention avoids (``CrossRFAttention`` gives them where a decoder asks for alignments).
-    """
+    """Non-causal RFA self-attention over the whole source: cross RFA with the source as its own keys.
+    ``need_weights`` is accepted for fairseq's call signature and yields None: the weights would cost
+    the T x T matrix that linear attention avoids."""
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
@@ -55,13 +47,11 @@ def build_encoder_self_attention(kind: str, embed_dim: int, num_heads: int, drop
 
     Args:
         embed_dim: model dimension ``C``; num_heads: ``H`` (``C`` divisible by ``H``).
-        dropout: attention dropout of ``softmax`` (on its attention probabilities). The linear
-            kinds form no attention probabilities, so there is nothing for it to drop there.
+        dropout: attention dropout of ``softmax`` (the linear kinds form no probabilities to drop).
         feature_dim: random features ``D`` per head of ``rfa`` (phi has ``2D`` values) and ``favor``.
         landmarks: ``C`` of ``lara``: landmarks, proposals and samples per head.
-        module_id: tells the random matrix of ``rfa`` / ``favor`` apart from every other module's
-            of the model (draws are seeded from fairseq's seed, the update number and this id;
-            ``lara`` samples from torch's random stream, see ``LARAttention``).
+        module_id: tells the random matrix of ``rfa`` / ``favor`` apart from the model's other modules'
+            (draws are seeded from fairseq's seed, the update number and this id).
     Raises ValueError naming the bad argument.
     """
     if kind not in ENCODER_ATTENTIONS:

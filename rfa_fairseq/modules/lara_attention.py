@@ -1,14 +1,11 @@
 """LARAttention: linear randomised attention (LARA) as a non-causal self-attention layer.
 
-For an encoder's ``self_attn`` slot (built by ``encoder_attention.build_encoder_self_attention``).
-Layout: Time x Batch x Channel in and out. The math is ``ops.lara``: softmax attention estimated
-from ``C`` landmark proposals in O(T C K) per head.
-
-Samples: in training each proposal draws one fresh ``N(mu_c, I)`` sample per sequence and head
-from torch's random stream (which fairseq reseeds from ``--seed`` and the update number, so runs
-and resumed runs repeat). In evaluation the sample is the proposal's mean (``noise = 0``), as the
-authors' code does: deterministic, nothing random to keep in the checkpoint, and in
-``tests/ops/test_lara.py`` several times closer to softmax attention than a random sample.
+For an encoder's ``self_attn`` slot (``encoder_attention.build_encoder_self_attention``), Time x Batch
+x Channel. The math is ``ops.lara``: softmax attention estimated from ``C`` landmark proposals in
+O(T C K) per head. In training each proposal draws one fresh sample per sequence and head from torch's
+random stream (which fairseq reseeds from ``--seed`` and the update number). In evaluation the sample
+is the proposal's mean (``noise = 0``), as in the authors' code: deterministic, nothing random in the
+checkpoint, and closer to softmax attention than a random sample (``tests/ops/test_lara.py``).
 """
 from typing import Optional, Tuple
 
@@ -40,9 +37,8 @@ class LARAttention(nn.Module):
         landmarks: ``C`` landmarks per head: proposals, and samples (one per proposal).
         alpha_coeff: ``lambda`` of the query-specific weights (``ops.lara``; 1 as the paper).
 
-    Projections are initialised as fairseq's MultiheadAttention's, so a layer starts where a
-    softmax layer would; queries and keys are scaled by ``K^-1/4`` each, so the estimated
-    attention is ``softmax(q k^T / sqrt(K)) v``, the softmax layer's.
+    Projections are initialised as fairseq's MultiheadAttention's, and queries and keys scaled by
+    ``K^-1/4`` each, so the estimate is a softmax layer's ``softmax(q k^T / sqrt(K)) v``.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, landmarks: int = 16, bias: bool = True,

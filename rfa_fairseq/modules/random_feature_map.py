@@ -1,13 +1,10 @@
 """RandomFeatureMap: the learned per-head scale sigma plus the random matrix, as an nn.Module.
 
-The random matrix ``[H, D, K]`` is a buffer, so it is saved in checkpoints and a loaded model
-decodes exactly as it was validated. In training mode it is redrawn whenever the training step
-changes, unless it is ``fixed`` (then the draw made at construction is kept for good). The draw
-is seeded from ``(torch.initial_seed(), num_updates, module_id)``. fairseq's
-trainer reseeds torch with ``--seed + num_updates`` at every update on every rank, so draws
-follow fairseq's seed, are identical on all distributed ranks, and repeat exactly on resume.
-Draws happen on the CPU with a private generator, so they do not disturb (and are not disturbed
-by) dropout's random stream, whatever the device.
+The random matrix ``[H, D, K]`` is a buffer, saved in checkpoints, so a loaded model decodes exactly
+as it was validated. In training it is redrawn whenever the step changes, unless ``fixed``. Draws are
+seeded from ``(torch.initial_seed(), num_updates, module_id)``; fairseq reseeds torch with ``--seed +
+num_updates`` at every update on every rank, so draws follow fairseq's seed, agree across ranks and
+repeat on resume. A private CPU generator keeps them apart from dropout's random stream.
 """
 from typing import Optional
 
@@ -32,11 +29,9 @@ def draw_seed(initial_seed: int, num_updates: int, module_id: int) -> int:
 
 
 class RandomFeatureMap(nn.Module):
-    """phi(x) for queries and keys of one attention module; input ``[B, H, T, K]``.
-
-    Queries and keys are L2-normalised, scaled element-wise by ``sigma`` (``[H, K]``, learned)
-    and mapped by ``kernel`` (see ``ops.feature_maps``); output ``[B, H, T, F]`` in fp32.
-    """
+    """phi(x) for queries and keys ``[B, H, T, K]`` of one attention module: L2-normalised, scaled
+    element-wise by the learned ``sigma [H, K]``, mapped by ``kernel`` (``ops.feature_maps``) to
+    ``[B, H, T, F]`` in fp32."""
 
     def __init__(
         self,
@@ -85,9 +80,8 @@ class RandomFeatureMap(nn.Module):
                 self.redraw(seed)
 
     def matrix_for_recompute(self) -> Tensor:
-        """A copy of this step's random matrix (drawn now if it is not yet), for a caller that
-        computes the features again in the backward pass: the buffer itself is redrawn in place
-        at the next training step, which must not change a backward pass still to come."""
+        """A copy of this step's random matrix (drawn now if it is not yet) for a backward pass that
+        recomputes the features: the buffer itself is redrawn in place at the next training step."""
         self.refresh()
         return self.random_matrix.clone()
 

@@ -1,5 +1,4 @@
-"""What causal and cross RFA attention share: projections, their initialisation, fairseq's
-incremental-state accessors."""
+"""What causal and cross RFA attention share: projections, their initialisation, the incremental-state accessors."""
 from typing import Dict, Optional
 
 from fairseq.incremental_decoding_utils import with_incremental_state

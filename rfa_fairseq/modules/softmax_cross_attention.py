@@ -1,14 +1,11 @@
 """SoftmaxCrossAttention: fairseq's encoder-decoder attention, with one copy of the source's keys
 and values per sentence in beam search.
 
-fairseq's SequenceGenerator repeats each source ``beam`` times, and fairseq's transformer projects
-and caches keys and values for every copy: ``beam`` times the memory and the projections that one
-copy needs, which at long sources is the largest part of the decoding state. fairseq's
-MultiheadAttention has a path that keeps one copy per sentence (``set_beam_size``), but once set it
-applies to every call, so a model that trains or scores after a beam search (validation BLEU
-during training) would attend from each sentence to another sentence's source. Here it applies
-only while decoding (with an incremental state), where the generator's sentence-major layout
-holds; the numbers are fairseq's either way, and so are the weights and their names.
+fairseq's transformer projects and caches keys and values for each of a source's ``beam`` copies:
+at long sources the largest part of the decoding state. fairseq's MultiheadAttention can keep one
+copy per sentence (``set_beam_size``), but then in every call, so a model that trains or scores
+after a beam search (validation BLEU) would attend to another sentence's source. Here it applies only
+while decoding, where the generator's sentence-major layout holds; numbers and weights are fairseq's.
 """
 from fairseq.modules import MultiheadAttention
 

@@ -12,16 +12,8 @@ from .cross_rfa import (
 from .denominator import DEFAULT_EPS, guarded_ratio
 from .lara import lara, naive_lara, randomized_attention, segment_landmarks, softmax_attention
 from .feature_maps import (
-    FEATURE_MAPS,
-    KERNELS,
-    POSITIVE_KERNELS,
-    RANDOM_MATRICES,
-    feature_map,
-    feature_size,
-    gaussian_step_features,
-    gaussian_step_weights,
-    l2_normalize,
-    sample_random_matrix,
+    FEATURE_MAPS, KERNELS, POSITIVE_KERNELS, RANDOM_MATRICES, feature_map, feature_size, gaussian_step_features,
+    gaussian_step_weights, l2_normalize, sample_random_matrix,
 )
 
 __all__ = [
@@ -29,8 +21,7 @@ __all__ = [
     "cross_rfa_apply", "cross_rfa_quadratic", "cross_rfa_state", "cross_rfa_weights", "key_norm_weights",
     "naive_cross_rfa", "quadratic_is_cheaper",
     "DEFAULT_EPS", "guarded_ratio",
-    "FEATURE_MAPS", "KERNELS", "POSITIVE_KERNELS", "RANDOM_MATRICES", "feature_map", "feature_size", "gaussian_step_features",
-    "gaussian_step_weights", "l2_normalize",
-    "sample_random_matrix",
+    "FEATURE_MAPS", "KERNELS", "POSITIVE_KERNELS", "RANDOM_MATRICES", "feature_map", "feature_size",
+    "gaussian_step_features", "gaussian_step_weights", "l2_normalize", "sample_random_matrix",
     "lara", "naive_lara", "randomized_attention", "segment_landmarks", "softmax_attention",
 ]

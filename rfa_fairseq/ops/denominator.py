@@ -1,23 +1,20 @@
 """The guard on RFA's denominator phi(q) . z.
 
-phi(q) . z estimates a sum of kernel values, which is positive. With sin/cos features
-(``gaussian``) the estimate can still come out small or negative for a short history or few
-features, and a denominator near zero blows the output up. We clamp it from below at ``eps``
-(``--rfa-eps``, default 1e-2), in fp32; with ``absolute`` its absolute value is clamped instead
-(``--rfa-cross-abs-denominator``, cross attention only). Positive feature maps (``arccos``,
-``favor``, ``elu``) cannot make it negative, so for them the floor only bounds how small it gets.
+phi(q) . z estimates a sum of kernel values, which is positive, but with sin/cos features
+(``gaussian``) it can come out small or negative for a short history or few features, and a
+denominator near zero blows the output up. We clamp it from below at ``eps`` (``--rfa-eps``, default
+1e-2), in fp32; with ``absolute`` (``--rfa-cross-abs-denominator``, cross attention only) its absolute
+value. Positive feature maps (``arccos``, ``favor``, ``elu``) cannot make it negative: for them the
+floor only bounds how small it gets.
 
-The authors' code guards the same quantity at a much higher floor. Their features are
-``c [sin, cos]`` with a constant ``c`` where ours are ``D^-1/2 [sin, cos]``, so their
-denominator is ours times ``c^2 D``: Noahs-ARK/RFA clamps at 1.0 with c = 0.1 and T2R at 0.01
-with c = 0.01, both 1.56 in our units at D = 64 (156 times our default), and rfa-doc-mt's
-floor is 0.31 in our units at D = 32. Their cross attention takes the absolute value before the
-clamp. In the paper's gated form (a convex mix of the history) phi(q) . z stays below about 1,
-so a floor near 1.56 clamps almost every position there; it is a floor for ungated sums.
+The authors' floors are much higher: their features are ``c [sin, cos]`` where ours are ``D^-1/2 [sin,
+cos]``, so their denominator is ours times ``c^2 D``: Noahs-ARK/RFA's 1.0 (c = 0.1) and T2R's 0.01
+(c = 0.01) are both 1.56 in our units at D = 64, rfa-doc-mt's floor 0.31 at D = 32; their cross
+attention takes the absolute value first. In the paper's gated form phi(q) . z stays below about 1, so such a
+floor would clamp almost every position: it is a floor for ungated sums.
 
-Gradients do not flow through a clamped denominator (it is a constant there). When the result
-is cast to fp16/bf16 it is clamped to the dtype's finite range, so a large but finite fp32 value
-never becomes inf.
+Gradients do not flow through a clamped denominator. A result cast to fp16/bf16 is clamped to the
+dtype's finite range, so a large but finite fp32 value never becomes inf.
 """
 import torch
 from torch import Tensor

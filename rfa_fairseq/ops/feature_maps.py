@@ -1,12 +1,10 @@
 """Random matrices and feature maps (pure torch).
 
-Layouts: inputs ``x`` are ``[B, H, T, K]`` (batch, heads, time, head dim ``K``); a random
-matrix is ``[H, D, K]`` (``D`` random features per head); a per-head scale ``sigma`` is
-``[H, K]``. Feature maps return ``[B, H, T, F]`` (``F = feature_size(kernel, D, K)``), in fp32
-(fp64 for fp64 inputs, which the tests use).
-
-Training and decoding call the same :func:`feature_map`; a new kernel is one function and one
-entry in :data:`FEATURE_MAPS`.
+Layouts: inputs ``x`` are ``[B, H, T, K]`` (batch, heads, time, head dim ``K``); a random matrix is
+``[H, D, K]`` (``D`` random features per head); a per-head scale ``sigma`` is ``[H, K]``. Feature maps
+return ``[B, H, T, F]`` (``F = feature_size(kernel, D, K)``), in fp32 (fp64 for fp64 inputs, which the
+tests use). Training and decoding call the same :func:`feature_map`; a new kernel is one function and
+one entry in :data:`FEATURE_MAPS`.
 """
 import math
 from types import MappingProxyType
@@ -31,12 +29,9 @@ def sample_gaussian_matrix(
 def sample_orthogonal_matrix(
     num_heads: int, num_features: int, head_dim: int, generator: Optional[torch.Generator] = None
 ) -> Tensor:
-    """Orthogonal random features (Yu et al., 2016): ``[H, D, K]``.
-
-    Rows come in blocks of ``K`` mutually orthogonal unit vectors (QR of a Gaussian matrix),
-    each row rescaled by an independent chi(K) norm so that every row is marginally N(0, I).
-    ``D`` need not be a multiple of ``K``: the last block is truncated.
-    """
+    """Orthogonal random features (Yu et al., 2016): ``[H, D, K]``. Blocks of ``K`` orthogonal unit rows
+    (QR of a Gaussian matrix; the last block truncated), each row rescaled by an independent chi(K)
+    norm so that every row is marginally N(0, I)."""
     num_blocks = -(-num_features // head_dim)
     gauss = torch.randn(num_heads, num_blocks, head_dim, head_dim, generator=generator)
     q, r = torch.linalg.qr(gauss)
@@ -63,10 +58,9 @@ def l2_normalize(x: Tensor, eps: float = NORM_EPS) -> Tensor:
 
 
 def project(x: Tensor, random_matrix: Tensor) -> Tensor:
-    """``w_i . x`` for every random row: ``[B, H, T, K]`` x ``[H, D, K]`` -> ``[B, H, T, D]``.
-
-    One bmm over heads with the ``B * T`` rows of a head stacked: the matrix is read as it is,
-    never expanded per batch row (a beam-search batch would copy it for every hypothesis)."""
+    """``w_i . x`` for every random row: ``[B, H, T, K]`` x ``[H, D, K]`` -> ``[B, H, T, D]``. One bmm over
+    heads with each head's ``B * T`` rows stacked: the matrix is never expanded per batch row (which would
+    copy it for every beam-search hypothesis)."""
     B, H, T, K = x.shape
     rows = x.transpose(0, 1).reshape(H, B * T, K)
     return torch.bmm(rows, random_matrix.transpose(1, 2)).view(H, B, T, -1).transpose(0, 1)
@@ -89,10 +83,9 @@ def favor_features(x: Tensor, random_matrix: Tensor) -> Tensor:
     """Performer's FAVOR+ positive random features, phi(x) = D^-1/2 exp(w.x - |x|^2 / 2):
     E[phi(x).phi(y)] = exp(x.y) for rows ``w`` drawn from N(0, I).
 
-    Performer subtracts a running maximum from the exponent to keep it finite. Here the inputs
-    are unit vectors scaled by sigma, so ``w.x - |x|^2 / 2 <= |w|^2 / 2`` whatever ``x`` is (about
-    K / 2: far inside fp32's range); a maximum over the keys would also differ between a whole
-    sequence and its prefixes, so decoding one token at a time could not reproduce it."""
+    No running maximum is subtracted (as Performer does): ``w.x - |x|^2 / 2 <= |w|^2 / 2`` (about
+    K / 2) is far inside fp32's range, and a maximum over the keys would differ between a sequence
+    and its prefixes, which token-by-token decoding could not reproduce."""
     proj = project(x, random_matrix)
     return torch.exp(proj - 0.5 * x.pow(2).sum(-1, keepdim=True)) / math.sqrt(proj.shape[-1])
 
@@ -132,10 +125,9 @@ def feature_size(kernel: str, num_features: int, head_dim: int) -> int:
 
 
 def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
-    """phi(sigma * x / |x|): queries and keys are L2-normalised (except for ``elu``), scaled
-    element-wise by the learned ``sigma`` and mapped by ``kernel``. ``(sigma * x) . w == x . (sigma
-    * w)``: the scale goes on the inputs, which costs ``1 / D`` of the projection and needs no
-    per-call copy of the matrix."""
+    """phi(sigma * x / |x|): queries and keys L2-normalised (except for ``elu``), scaled element-wise by
+    the learned ``sigma`` and mapped by ``kernel``. The scale goes on the inputs rather than the matrix:
+    ``1 / D`` of the projection's cost, and no per-call copy of the matrix."""
     kind = _kind(kernel)
     x = x.to(compute_dtype(x))
     if kind.normalize:
@@ -144,14 +136,10 @@ def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) ->
 
 
 def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor) -> Tuple[Tensor, Tensor]:
-    """The ``gaussian`` feature map precomputed for decoding (:func:`gaussian_step_features`): the
-    random matrix with sigma folded in (``(sigma * x) . w == x . (sigma * w)``), twice side by side,
-    and the phases ``[0, pi/2]`` that turn the second half's sines into cosines
-    (``cos(a) == sin(a + pi/2)``), so that one bmm and one sine make ``[sin | cos]``.
-
-    Args: random_matrix ``[H, D, K]``; sigma ``[H, K]``. Returns: ``projection [H, K, 2 D]`` and
-    ``phase [2 D]``, in fp32 (fp64 for fp64 inputs).
-    """
+    """The ``gaussian`` feature map precomputed for decoding (:func:`gaussian_step_features`): the random
+    matrix ``[H, D, K]`` with sigma ``[H, K]`` folded in, twice side by side, and the phases ``[0, pi/2]``
+    that turn the second half's sines into cosines, so that one bmm and one sine make ``[sin | cos]``.
+    Returns ``projection [H, K, 2 D]`` and ``phase [2 D]``, in fp32 (fp64 for fp64 inputs)."""
     acc = compute_dtype(random_matrix)
     w = (random_matrix.to(acc) * sigma.to(acc).unsqueeze(1)).transpose(1, 2)  # [H, K, D]
     D = w.size(-1)

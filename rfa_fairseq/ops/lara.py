@@ -4,43 +4,34 @@ Layout: ``q, k, v`` are ``[B, H, T, K]``; ``key_padding_mask`` is ``[B, T]`` (Tr
 queries and keys are *scaled* heads: softmax attention is ``softmax_j(q_i . k_j) v`` (a caller
 with raw heads multiplies each by ``K^-1/4``). Results are in fp32 (fp64 for fp64 inputs).
 
-**Why it works.** With ``xi(x, w) = exp(w . x - |x|^2 / 2)`` ("positive randomised mappings"),
-``exp(q . k) = E_{w ~ N(0, I)}[xi(q, w) xi(k, w)]``, and softmax attention of query ``n`` is the
-expectation of ``f_n(w) = sum_m xi(k_m, w) v_m / sum_m xi(k_m, w)`` under the Gaussian mixture
-``p_n(w) = sum_m softmax_m(q_n . k_m) N(w; q_n + k_m, I)`` (the paper's Prop. 1). Sampling
-``w ~ p_n`` for every query is *randomised attention* (RA): unbiased, but each query needs its own
-mixture over all keys, so it is quadratic (:func:`randomized_attention`). RFA / Performer draw
-``w ~ N(0, I)`` for every query instead and self-normalise, which is cheap and biased.
+**Why it works.** With ``xi(x, w) = exp(w . x - |x|^2 / 2)``, ``exp(q . k) = E_{w ~ N(0, I)}[xi(q, w)
+xi(k, w)]``, and softmax attention of query ``n`` is the expectation of ``f_n(w) = sum_m xi(k_m, w) v_m
+/ sum_m xi(k_m, w)`` under ``p_n(w) = sum_m softmax_m(q_n . k_m) N(w; q_n + k_m, I)`` (Prop. 1).
+Sampling ``w ~ p_n`` for every query (randomised attention, :func:`randomized_attention`) is unbiased
+but quadratic; RFA / Performer draw ``w ~ N(0, I)`` for every query and self-normalise: cheap, biased.
 
-**LARA** (the paper's Algorithm 3, default choices) draws from ``C`` proposals shared by all
-queries and makes the estimate query-specific through its weights:
+**LARA** (Algorithm 3, default choices) draws from ``C`` proposals shared by all queries and makes
+the estimate query-specific through its weights:
 
 1. landmarks: the non-padding positions of each sequence cut into ``C`` contiguous segments;
    ``q~_c``, ``k~_c`` are the means of the queries and of the keys in segment ``c``;
 2. proposals ``q_c(w) = N(w; mu_c, I)`` with ``mu_c = q~_c + k~_c`` (Eq. 34), one sample each,
-   ``w_c = mu_c + eps_c`` (``eps`` is the caller's standard normal draw, ``[H, C, K]`` or
-   ``[B, H, C, K]``: fixed noise makes the whole op deterministic and differentiable);
-3. query-specific multiple-importance weights (Eq. 9):
-   ``alpha_nc(w) = q_c(w) / sum_c' q_c'(w) + lambda (r_nc - 1 / C)`` with
-   ``r_nc = softmax_c(q_n . q~_c)`` (how close query ``n`` is to segment ``c``'s queries; the
-   authors' code makes the same choice). The first term is the balance heuristic; the second
-   moves weight towards the proposals of the query's own region, and sums to zero over ``c``,
-   so ``sum_c alpha_nc(w) = 1`` at every ``w`` as multiple importance sampling requires;
-4. the self-normalised estimate
-   ``out_n = sum_c a_nc f_n(w_c) / sum_c a_nc`` with ``a_nc = alpha_nc(w_c) p_n(w_c) / q_c(w_c)``.
+   ``w_c = mu_c + eps_c`` (``eps``: the caller's standard normal draw, ``[H, C, K]`` or
+   ``[B, H, C, K]``: fixed noise makes the op deterministic and differentiable);
+3. weights (Eq. 9) ``alpha_nc(w) = q_c(w) / sum_c' q_c'(w) + lambda (r_nc - 1 / C)`` with
+   ``r_nc = softmax_c(q_n . q~_c)`` (as the authors' code): the balance heuristic, moved towards the
+   query's own region by a term that sums to zero over ``c``, so ``sum_c alpha_nc(w) = 1``;
+4. the self-normalised estimate ``out_n = sum_c a_nc f_n(w_c) / sum_c a_nc``, with
+   ``a_nc = alpha_nc(w_c) p_n(w_c) / q_c(w_c)``.
 
-In that ratio ``p_n / q_c = xi(q_n, w) sum_m xi(k_m, w) / (Z_n xi(mu_c, w))`` (the ``N(w; 0, I)``
-factor of both densities and the normaliser ``Z_n`` cancel), so everything is a product of
-``C x T`` and ``C x C`` terms: O(T C K) time and memory per head, linear in the length. All of it
-is computed in log space (logsumexp, softmax), so large logits cannot overflow.
+In ``p_n / q_c = xi(q_n, w) sum_m xi(k_m, w) / (Z_n xi(mu_c, w))`` the ``N(w; 0, I)`` factor and
+``Z_n`` cancel, so everything is a product of ``C x T`` and ``C x C`` terms: O(T C K) per head,
+linear in the length, all in log space (logsumexp, softmax) so that large logits cannot overflow.
 
-**The guard.** ``alpha_nc`` is negative where the balance heuristic is small and the query is
-far from segment ``c``; a negative weight in a self-normalised sum can bring its denominator to
-zero. As the authors' code does, ``alpha`` is clamped at :data:`ALPHA_FLOOR` (> 0): the output is
-then a convex combination of the ``f_n(w_c)``, always finite.
-
-:func:`naive_lara` computes the same estimator from the explicit densities (no cancellations),
-with loops; it is the reference of the tests.
+**The guard.** A negative ``alpha_nc`` (small balance, query far from segment ``c``) could bring the
+self-normalised denominator to zero; as in the authors' code, ``alpha`` is clamped at
+:data:`ALPHA_FLOOR` (> 0), so the output is a convex combination of the ``f_n(w_c)``, always finite.
+:func:`naive_lara` computes the same estimator with loops; it is the reference of the tests.
 """
 import math
 from typing import Optional, Tuple
@@ -57,11 +48,9 @@ def segment_landmarks(x: Tensor, key_padding_mask: Optional[Tensor], num_landmar
     """Means of ``x`` ``[B, H, T, K]`` over ``C = num_landmarks`` contiguous segments of the
     non-padding positions of each sequence: ``[B, H, C, K]``, and ``present [B, C]`` (bool).
 
-    Position of rank ``r`` among the ``L`` non-padding positions of its row falls in segment
-    ``floor(r C / L)``: segments of ``floor(L / C)`` or ``ceil(L / C)`` positions. Padding is
-    skipped wherever it is (fairseq pads sources on the left), so appending or prepending padding
-    changes no landmark. A row shorter than ``C`` has ``L`` one-position segments and ``C - L``
-    empty ones (``present`` False, mean 0), which the caller leaves out."""
+    The non-padding position of rank ``r`` of ``L`` falls in segment ``floor(r C / L)``. Padding is
+    skipped wherever it is (fairseq pads sources on the left), so padding changes no landmark. A row
+    shorter than ``C`` has ``C - L`` empty segments (``present`` False, mean 0), left out by the caller."""
     B, _, T, _ = x.shape
     valid = (torch.ones(B, T, dtype=torch.bool, device=x.device) if key_padding_mask is None
              else ~key_padding_mask.to(torch.bool))
@@ -75,8 +64,7 @@ def segment_landmarks(x: Tensor, key_padding_mask: Optional[Tensor], num_landmar
 
 
 def _log_xi(x: Tensor, w: Tensor) -> Tensor:
-    """``log xi(x_t, w_c) = w_c . x_t - |x_t|^2 / 2``: x ``[B, H, T, K]``, w ``[B, H, C, K]`` ->
-    ``[B, H, C, T]``."""
+    """``log xi(x_t, w_c) = w_c . x_t - |x_t|^2 / 2``: x ``[B, H, T, K]``, w ``[B, H, C, K]`` -> ``[B, H, C, T]``."""
     return w @ x.transpose(-1, -2) - 0.5 * x.pow(2).sum(-1).unsqueeze(-2)
 
 
@@ -86,8 +74,7 @@ def lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask: Optio
 
     Args:
         q, k, v: ``[B, H, T, K]`` (queries and keys scaled, see the module docstring);
-        noise: standard normal ``[H, C, K]`` or ``[B, H, C, K]``: the sample of proposal ``c`` is
-            ``mu_c + noise_c``;
+        noise: standard normal ``[H, C, K]`` or ``[B, H, C, K]``: proposal ``c`` samples ``mu_c + noise_c``;
         key_padding_mask: ``[B, T]``, True at padding (excluded as keys and from the landmarks;
             every row needs a non-padding position);
         alpha_coeff: ``lambda`` of the query-specific weights (0: the balance heuristic alone).
@@ -125,10 +112,8 @@ def lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask: Optio
 
 def naive_lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask: Optional[Tensor] = None,
                alpha_coeff: float = 1.0) -> Tensor:
-    """The estimator of :func:`lara` from its definition, with loops over rows, heads, segments
-    and queries: explicit Gaussian densities for the target mixture ``p_n`` and the proposals
-    ``q_c``, ``f_n(w)`` with the query's own ``xi(q_n, w)`` left in, nothing cancelled. The
-    reference of the tests (slow: small sizes only)."""
+    """The estimator of :func:`lara` from its definition, with loops: explicit Gaussian densities for
+    ``p_n`` and the proposals ``q_c``, ``xi(q_n, w)`` left in, nothing cancelled. Slow: small sizes only."""
     acc = compute_dtype(q)
     q, k, v, noise = q.to(acc), k.to(acc), v.to(acc), noise.to(acc)
     B, H, T, K = q.shape
@@ -187,11 +172,9 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optiona
 def randomized_attention(q: Tensor, k: Tensor, v: Tensor, num_samples: int = 1,
                          key_padding_mask: Optional[Tensor] = None,
                          generator: Optional[torch.Generator] = None) -> Tensor:
-    """Randomised attention (RA), the paper's unbiased and quadratic estimator: for every query
-    ``n``, ``num_samples`` draws ``w ~ p_n`` (a key ``m`` with probability ``softmax_m(q_n . k_m)``,
-    then ``w = q_n + k_m + N(0, I)``), and the mean of ``f_n(w)`` over them. Its expectation is
-    softmax attention exactly. O(S T^2 K) per head: a reference, not a layer.
-
+    """Randomised attention (RA), the paper's unbiased estimator: for every query ``n``, the mean of
+    ``f_n(w)`` over ``num_samples`` draws ``w ~ p_n`` (a key ``m`` with probability ``softmax_m(q_n . k_m)``,
+    then ``w = q_n + k_m + N(0, I)``). O(S T^2 K) per head: a reference, not a layer.
     Shapes as :func:`lara`; returns ``[B, H, T, K]`` in fp32 (fp64 for fp64 inputs)."""
     acc = compute_dtype(q)
     q, k, v = q.to(acc), k.to(acc), v.to(acc)

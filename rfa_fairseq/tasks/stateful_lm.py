@@ -1,19 +1,18 @@
 """Task ``rfa_stateful_lm``: RFA language models that carry their recurrent state across blocks.
 
-Training: shuffled blocks of ``--tokens-per-sample`` tokens, ``--batch-size`` a batch, as
-``language_modeling`` takes them, each starting from the state every causal RFA layer builds,
-without gradient and with the update's random draw, over the ``--burn-in-blocks N`` blocks before it
-in the text. Validation and ``fairseq-eval-lm`` carry the state through the whole split, block after
-block, along streams: the split cut into blocks as ``language_modeling --sample-break-mode none``
-cuts it (every token a target once), laid out as ``R x L`` contiguous streams (``R``: ``--batch-size``
-times the number of processes; row ``r`` holds blocks ``r L .. r L + L - 1``, batch ``i`` is column
-``i``, each process takes its own rows), the last rows padded where the text runs out. Positions
-restart at every block: the history beyond it reaches the model only through the state, passed
-explicitly as ``model(src_tokens, stream_state=STATE)`` (a dict, ``{}`` at a stream's start).
+Training: shuffled blocks of ``--tokens-per-sample`` tokens, ``--batch-size`` a batch, each starting from
+the state every causal RFA layer builds (without gradient, with the update's random draw) over the
+``--burn-in-blocks N`` blocks before it in the text. Validation and ``fairseq-eval-lm`` carry the state
+through the whole split along streams: the blocks of ``language_modeling --sample-break-mode none``
+(every token a target once) laid out as ``R x L`` contiguous streams (``R``: ``--batch-size`` times the
+processes; row ``r`` holds blocks ``r L .. r L + L - 1``, batch ``i`` is column ``i``, each process takes
+its own rows), the last rows padded where the text runs out. Positions restart at every block: older
+text reaches the model only through the state, ``model(src_tokens, stream_state=STATE)`` (a dict,
+``{}`` at a stream's start).
 
-``--stream-groups``, ``--no-carry-state``, ``--carry-positions`` and ``--burn-in-blocks 0``
-(training along contiguous streams, which trained worse: docs/quality.md) are no longer offered:
-a command line, config or checkpoint that sets them is refused with a message that names them.
+``--stream-groups``, ``--no-carry-state``, ``--carry-positions`` and ``--burn-in-blocks 0`` (training
+along contiguous streams, which trained worse: docs/quality.md) are refused by name, whether a command
+line, a config or a checkpoint sets them.
 """
 import argparse
 import logging
@@ -51,15 +50,14 @@ def hidden(default):  # a removed setting: parsed (to be refused by name), not l
 class StatefulLMConfig(FairseqDataclass):
     data: Optional[str] = field(default=None, metadata={
         "help": "data directory (fairseq-preprocess --only-source output: dict.txt, train.*, ...)"})
-    tokens_per_sample: int = field(
-        default=512, metadata={"help": "block length: tokens per row of a batch (backpropagation reaches this far "
-                                       "back; the carried state reaches back to the start of the split)"})
+    tokens_per_sample: int = field(default=512, metadata={
+        "help": "block length: tokens per row of a batch (backpropagation reaches this far back; the carried state "
+                "reaches further)"})
     max_target_positions: Optional[int] = field(
         default=None, metadata={"help": "positions the model is built for (default: --tokens-per-sample)"})
-    burn_in_blocks: int = field(
-        default=2, metadata={"help": "each shuffled training block starts from the state the model builds, without "
-                                     "gradient, over the N >= 1 blocks before it in the text. Validation and "
-                                     "fairseq-eval-lm carry the state through the whole split"})
+    burn_in_blocks: int = field(default=2, metadata={
+        "help": "each shuffled training block starts from the state built, without gradient, over the N >= 1 "
+                "blocks before it (validation and fairseq-eval-lm carry it through the whole split)"})
     # Read by fairseq's language model config; blocks continue the text, so there is no BOS to add.
     add_bos_token: bool = field(default=False, metadata={"help": "not supported by rfa_stateful_lm"})
     stream_groups: int = hidden(1)
@@ -151,10 +149,9 @@ class StatefulLanguageModelingTask(FairseqTask):
 
     @staticmethod
     def refuse_checkpoint(cfg, from_checkpoint: bool):
-        """Refuse a model loaded from a checkpoint trained with a removed setting (fairseq-eval-lm,
-        fairseq-validate: ``cfg`` hangs from the checkpoint's config, whose task this one is not built
-        from), or a training run that would resume one (``cfg`` hangs from fairseq-train's config, and
-        the trainer loads ``--restore-file`` without the task)."""
+        """Refuse a model loaded from a checkpoint trained with a removed setting (``cfg`` is then the
+        checkpoint's, whose task this one is not built from), or a training run that would resume one
+        (``cfg`` is fairseq-train's: the trainer loads ``--restore-file`` without the task)."""
         root = cfg._get_root() if OmegaConf.is_config(cfg) else {}
         task, ckpt = root.get("task"), root.get("checkpoint")
         if not from_checkpoint and ckpt is not None:
@@ -208,9 +205,9 @@ class StatefulLanguageModelingTask(FairseqTask):
             buffer_size=data_buffer_size, skip_remainder_batch=skip_remainder_batch)
 
     def collate(self, items):
-        """The rows right-padded (a row past the end of the text: one pad). Shuffled blocks get
-        ``burn_in``: for each of the N blocks before them, oldest first, their sources (pads before
-        the text; steps before the text for every row left out); streams get ``block``, the column."""
+        """The rows right-padded (a row past the end of the text: one pad). Shuffled blocks get ``burn_in``,
+        the sources of the N blocks before them, oldest first (pads before the text; steps before the
+        text for every row left out); streams get ``block``, the column."""
         if not items:
             return {}  # a rank's filler batch (fairseq makes it a dummy step)
         ids, pairs, before = zip(*[row for _, rows in items for row in rows])
@@ -224,9 +221,8 @@ class StatefulLanguageModelingTask(FairseqTask):
                 **({"burn_in": burn_in} if before[0] else {"block": items[0][0]})}
 
     def stream_state(self, model, sample) -> dict:
-        """Shuffled blocks: a fresh state advanced without gradient over their burn-in (with this
-        update's random draw, as the blocks then read it). Streams: the split's state, afresh at its
-        first batch."""
+        """Shuffled blocks: a fresh state advanced without gradient over their burn-in (with this update's
+        random draw, as the blocks then read it). Streams: the split's state, afresh at its first batch."""
         if "burn_in" not in sample:
             self.valid_state = {} if sample["block"] == 0 else self.valid_state
             return self.valid_state
@@ -250,9 +246,8 @@ class StatefulLanguageModelingTask(FairseqTask):
 
     def eval_lm_dataloader(self, dataset, max_tokens=None, batch_size=None, max_positions=None, num_shards=1,
                            shard_id=0, num_workers=1, data_buffer_size=10, context_window=0):
-        """Streams in order (one unless ``--batch-size`` says more) and one state for the whole pass,
-        added here in the main process (fairseq-eval-lm calls the model without the task) as a
-        mapping that is not a dict, which fairseq's ``move_to_cuda`` would copy."""
+        """Streams in order (one unless ``--batch-size`` says more) and one state for the whole pass, added
+        here (fairseq-eval-lm calls the model without the task), not as a dict: ``move_to_cuda`` would copy it."""
         if context_window > 0:
             raise ValueError("--context-window does not apply to --task rfa_stateful_lm: the carried state holds "
                              "all the text before each block")

@@ -12,8 +12,8 @@ from .recurrent import recurrent_causal_rfa, recurrent_causal_rfa_step
 # The gate's forms: the paper's S = g S + (1 - g) phi(k) v^T, or the decay form S = g S + phi(k) v^T.
 GATE_FORMS = ("convex", "decay")
 
-# Tokens per recomputed segment when a long sequence is trained (modules.CausalRFAttention): short
-# enough that one segment's intermediates are small beside the heads of the whole sequence.
+# Tokens per recomputed segment of a long training sequence (modules.CausalRFAttention): one segment's
+# intermediates are then small beside the heads of the whole sequence.
 DEFAULT_RECOMPUTE_SEGMENT = 512
 
 __all__ = ["chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa", "recurrent_causal_rfa_step",

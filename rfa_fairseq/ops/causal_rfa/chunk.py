@@ -83,10 +83,8 @@ def chunk_causal_rfa(
         # Cumulative log-gates and their differences in fp64: in fp32 a long chunk of small gates
         # loses absolute precision in b_i - b_j (these tensors are small: [B, H, N, C(, C)]).
         b = torch.cumsum(lg.double(), dim=-1)
-        # The write weight of each position: (1 - g) as -expm1(log g) (exact for g close to 1),
-        # or 1 in the decay form. The per-position scalars are folded together before they touch
-        # a [.., C, F] tensor: the weight goes into the [C, C] decay matrix for the intra-chunk
-        # part and into one factor per key for the state.
+        # The write weight of each position, (1 - g) as -expm1(log g) (exact for g near 1) or 1 in the
+        # decay form, goes into the [C, C] decay matrix and one factor per key, never a [.., C, F] tensor.
         write = -torch.expm1(lg) if convex else torch.ones_like(lg)
         kc = kf.view(B, H, N, C, Fd)
         diff = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
@@ -95,10 +93,9 @@ def chunk_causal_rfa(
         if not intra_only:
             b_last = b[..., -1:]
             chunk_kv = (kc * (torch.exp(b_last - b).to(acc) * write).unsqueeze(-1)).transpose(-1, -2) @ vf
-            # The state entering chunk n (n = 0..N; n = N is the final state) in one matmul rather
-            # than a loop over chunks: with p_n = sum of the log-decays of chunks < n (fp64),
-            # S_n = sum_{m < n} exp(p_n - p_{m+1}) chunk_kv_m + exp(p_n) S_0. Exponents are masked
-            # to -inf where m >= n before exp, so every factor is in [0, 1].
+            # The state entering chunk n (n = N: the final one) in one matmul, not a loop: with p_n the sum
+            # of the log-decays of chunks < n (fp64), S_n = sum_{m < n} exp(p_n - p_{m+1}) chunk_kv_m +
+            # exp(p_n) S_0, exponents masked to -inf where m >= n before exp (every factor in [0, 1]).
             p = torch.nn.functional.pad(torch.cumsum(b_last.squeeze(-1), dim=-1), (1, 0))  # [B, H, N+1]
             strictly_before = torch.ones(N + 1, N, dtype=torch.bool, device=q.device).tril(-1)
             weights = torch.exp((p.unsqueeze(-1) - p[..., 1:].unsqueeze(-2)).masked_fill(~strictly_before, float("-inf")))
@@ -106,8 +103,7 @@ def chunk_causal_rfa(
             if state is not None:
                 states = states + torch.exp(p).to(acc)[..., None, None] * state0.unsqueeze(2)
             before, final = states[:, :, :N], states[:, :, N]
-            # the decay from the chunk start to position i, applied to the [C, K + 1] result rather
-            # than to the [C, F] queries
+            # the decay from the chunk start to position i, on the [C, K + 1] result, not the [C, F] queries
             o = o + torch.exp(b).to(acc).unsqueeze(-1) * (qf @ before)
 
     o = o.reshape(B, H, N * C, K + 1)[:, :, :T]

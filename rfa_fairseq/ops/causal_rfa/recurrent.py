@@ -43,26 +43,23 @@ def recurrent_causal_rfa_step(
     acc = compute_dtype(q)
     q, k = as_dtype(q, acc), as_dtype(k, acc)
     v1 = F.pad(as_dtype(v, acc), (0, 1), value=1.0)  # [v | 1]
-    decay, sign = None, 1.0
+    decay = None
     if log_g is not None:
         lg = as_dtype(log_g, acc).unsqueeze(-1)
         decay = torch.exp(lg).unsqueeze(-1)
         if convex:
-            # 1 - g as -expm1(log g) (exact for g near 1), on the value side (K + 1 numbers, not
-            # F (K + 1)); its sign goes into the update's scalar
-            v1, sign = v1 * torch.expm1(lg), -1.0
+            # 1 - g as -expm1(log g) (exact for g near 1), on the value side: K + 1 numbers, not F (K + 1)
+            v1 = v1 * -torch.expm1(lg)
     if state is None:
         # contiguous whatever the strides of k: every later step and reorder reads it whole
         state = (k.unsqueeze(-1) * v1.unsqueeze(-2)).contiguous()
-        if sign < 0:
-            state = state.neg_()
     elif inplace and state.dtype == acc:
         if decay is not None:
             state.mul_(decay)
-        state.addcmul_(k.unsqueeze(-1), v1.unsqueeze(-2), value=sign)
+        state.addcmul_(k.unsqueeze(-1), v1.unsqueeze(-2))  # no [B, H, F, K + 1] temporary
     else:
         state = as_dtype(state, acc) if decay is None else as_dtype(state, acc) * decay
-        state = torch.addcmul(state, k.unsqueeze(-1), v1.unsqueeze(-2), value=sign)
+        state = torch.addcmul(state, k.unsqueeze(-1), v1.unsqueeze(-2))
     o = torch.matmul(q.unsqueeze(-2), state).squeeze(-2)  # [B, H, K + 1]: numerator | denominator
     K = v.size(-1)
     return guarded_ratio(o.narrow(-1, 0, K), o.select(-1, K), eps, v.dtype), state

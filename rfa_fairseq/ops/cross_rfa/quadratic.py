@@ -3,11 +3,9 @@
 By associativity ``phi(q_i).S = sum_j (phi(q_i).phi(k_j)) v_j`` and ``phi(q_i).z = sum_j
 phi(q_i).phi(k_j)``: the numbers of the summary path (``state.py``) through the ``[Tq, S]`` feature
 products. Per head, ``Tq`` queries of one source cost ``Tq S (F + K + 1)`` multiply-adds here and
-``(S + Tq) F (K + 1)`` through the summary, so this form is the cheaper one while the source and
-target are short next to the feature size: at sentence lengths (tens of tokens, ``F`` in the
-hundreds) several times cheaper in training. (A decoding step, one query per beam, would save as
-much per step, but measured on real sentences the whole decode gained a few percent, not worth a
-second kind of decoding state.)
+``(S + Tq) F (K + 1)`` through the summary, so this form is cheaper while source and target are short
+next to the feature size (in training at sentence lengths, several times). Decoding does not use it:
+the whole decode gained a few percent, not worth a second kind of decoding state.
 """
 from typing import Optional
 

@@ -2,9 +2,9 @@
 
 ``S = sum_j phi(k_j) v_j^T`` and ``z = sum_j phi(k_j)`` over the non-padding source positions,
 packed as ``[S | z]`` ``[B, H, F, K + 1]`` (the layout of the causal state: one matmul per query).
-A state computed for ``Bs`` sources can serve ``Bs * beam`` query rows laid out sentence-major
-(rows ``i * beam ... (i + 1) * beam - 1`` share source ``i``), as in fairseq's beam search: the
-queries are grouped, and the state is never copied per beam (:func:`group_queries`).
+A state of ``Bs`` sources can serve ``Bs * beam`` sentence-major query rows (rows ``i * beam ...
+(i + 1) * beam - 1`` share source ``i``), as in fairseq's beam search, without a copy per beam
+(:func:`group_queries`).
 """
 from typing import Optional
 
@@ -27,13 +27,10 @@ def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = N
 
 
 def key_norm_weights(k: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
-    """A positive weight per key from its norm before the feature map normalises it away:
-    ``exp(|k|^2 / 2K)``, divided by its largest value over the non-padding keys of each source
-    and head (a constant that cancels in the attention ratio and keeps the weights <= 1).
-
-    Multiplying ``phi(k_j)`` by it (rfa-doc-mt's ``--norm-rescale``) turns RFA's estimate of
-    ``exp(-sigma^2 |q - k_j|^2 / 2)`` on unit vectors into a weighted one: a key's norm, which
-    the unit normalisation otherwise discards, sets how much it is attended to.
+    """A positive weight per key from the norm that the feature map normalises away: ``exp(|k|^2 / 2K)``,
+    divided by its largest value over the non-padding keys of each source and head (a constant that
+    cancels in the attention ratio and keeps the weights <= 1). Multiplying ``phi(k_j)`` by it
+    (rfa-doc-mt's ``--norm-rescale``) lets a key's norm set how much it is attended to.
 
     k: ``[B, H, S, K]`` (heads before the feature map); returns ``[B, H, S, 1]`` in fp32."""
     log_w = k.to(compute_dtype(k)).pow(2).sum(-1, keepdim=True) / (2 * k.shape[-1])
@@ -82,11 +79,9 @@ def feature_products(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = 
 def cross_rfa_weights(
     q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS, absolute: bool = False,
 ) -> Tensor:
-    """The attention weights RFA applies implicitly: ``phi(q_i).phi(k_j) / guard(phi(q_i).z)``,
-    with ``phi(q_i).z`` as the sum of the row's products.
-
-    q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]`` for ``Bs`` = ``B`` or ``B / beam`` sources.
-    Returns ``[B, H, Tq, S]`` in fp32 (fp64 for fp64 inputs), zero at padding."""
+    """The attention weights RFA applies implicitly: ``phi(q_i).phi(k_j) / guard(phi(q_i).z)``, with
+    ``phi(q_i).z`` the sum of the row's products. q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]`` for ``Bs`` =
+    ``B`` or ``B / beam`` sources. Returns ``[B, H, Tq, S]`` in fp32 (fp64 for fp64 inputs), zero at padding."""
     scores = feature_products(q, k, key_padding_mask)
     w = scores / guard(scores.sum(-1), eps, absolute).unsqueeze(-1)
     return ungroup(w, q.shape[0], q.shape[2])

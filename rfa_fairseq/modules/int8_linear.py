@@ -1,0 +1,142 @@
+"""int8 linear layers for decoding on the CPU, in plain PyTorch ops (no quantized dtypes, no torch.ao).
+
+At decoding's small batches a linear layer reads its whole weight for a few rows, so its time goes
+to memory traffic, and an int8 weight is a quarter of a float32 one; for the large batches of
+scoring, int8 products (VNNI) also compute faster than float32 ones.
+
+:class:`Int8Linear` stores, as buffers:
+
+- ``weight``: ``torch.int8``, ``[out_features, in_features]`` (nn.Linear's layout), each row
+  rounded symmetrically: ``weight[j] = round(w[j] / scale[j])``, in ``[-127, 127]``;
+- ``scale``: float32, ``[out_features]``, one per output row, ``max |w[j]| / 127``, so each weight
+  is off by at most ``scale[j] / 2``;
+- ``bias``: float32, ``[out_features]``, or None.
+
+Each call quantizes its input one row at a time the same way (``m = max |x[i]|``,
+``round(127 x[i] / m)``; a row's result does not depend on the rows beside it), shifted by 128 into
+uint8 (the form oneDNN's int8 kernels take without a correction pass over the weight), multiplies
+it by the int8 weight into int32 and rescales: ``y[i, j] = m[i] / 127 * scale[j] * acc[i, j] + bias[j]``.
+The product is oneDNN's, through one of two PyTorch ops, whichever measured faster (one thread,
+this project's layer shapes):
+
+- ``torch._int_mm`` for one row (decoding one sequence) and for small weights: it takes the plain
+  weight, and the shift is taken off after (``128 * sum(weight[j])``);
+- ``torch.ops.onednn.qlinear_pointwise`` for several rows and a weight of 2**19 values or more:
+  it takes the weight in oneDNN's blocked layout, which ``_int_mm`` re-blocks on every call of
+  more than one row (nearly 3 times slower for a 512 x 25000 output layer at 4 rows); but it costs some
+  20 microseconds more a call. The blocked copy is made on first use and kept beside the buffers
+  (not in the state dict, never pickled).
+
+Inference on the CPU only, no backward pass.
+"""
+import torch
+from fairseq.modules import MultiheadAttention
+from torch import nn
+
+_TINY = torch.finfo(torch.float32).tiny
+_SHIFT = torch.tensor(128.5)  # 128 for uint8, 0.5 to round: floor(v + 128.5) = round(v) + 128
+_BLOCKED_MIN_NUMEL = 2 ** 19
+_HAS_BLOCKED = torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+def quantize_input(x: torch.Tensor):
+    """Rows of ``x`` (2-d, float32) as uint8 with one scale each: ``(x_u8, m)``, ``m`` the rows'
+    largest ``|x|`` (``[rows, 1]``, the smallest positive float for a zero row), such that
+    ``x ≈ (x_u8 - 128) * m / 127``, each value off by at most ``m / 254``."""
+    m = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_min_(_TINY)
+    return torch.addcdiv(_SHIFT, x, m, value=127).to(torch.uint8), m
+
+
+class Int8Linear(nn.Module):
+    """nn.Linear's inference with int8 weights and inputs (module docstring). Make one with
+    :meth:`from_float`, in evaluation mode: it has no backward pass, and in training mode it raises."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scale", torch.ones(out_features))
+        self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        self._derived = None  # what the kernels take, made from the weight: see _kernel_inputs
+
+    @classmethod
+    @torch.no_grad()
+    def from_float(cls, linear: nn.Linear) -> "Int8Linear":
+        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        w = linear.weight.detach().float().cpu()
+        module.scale.copy_(w.abs().amax(1).div_(127).clamp_min_(_TINY))
+        module.weight.copy_(torch.round(w / module.scale[:, None]))
+        if linear.bias is not None:
+            module.bias.copy_(linear.bias.detach())
+        return module.eval()
+
+    def _kernel_inputs(self):
+        """``(128 * sum(weight[j]) in int32, the blocked weight or None, its zero points, a zero bias)``,
+        made from the weight on first use, and again after load_state_dict or .to() (change the
+        weight through these only)."""
+        if self._derived is None:
+            correction = 128 * self.weight.sum(1, dtype=torch.int32)
+            blocked = None
+            if _HAS_BLOCKED and self.weight.numel() >= _BLOCKED_MIN_NUMEL:
+                blocked = torch.ops.onednn.qlinear_prepack(self.weight, None)
+            n = self.out_features
+            self._derived = correction, blocked, torch.zeros(n, dtype=torch.long), torch.zeros(n)
+        return self._derived
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._derived = None
+        super()._load_from_state_dict(*args, **kwargs)
+
+    def _apply(self, *args, **kwargs):
+        self._derived = None
+        return super()._apply(*args, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            raise RuntimeError("Int8Linear was converted for inference and cannot train: call .eval()")
+        x2 = x.reshape(-1, self.in_features)
+        correction, blocked, zero_points, zero_bias = self._kernel_inputs()
+        bias = zero_bias if self.bias is None else self.bias
+        x_u8, m = quantize_input(x2)
+        if blocked is not None and x2.shape[0] > 1:
+            # (x_u8 - 128) / 127 @ (weight * scale[:, None]).T, in float32
+            out = torch.ops.onednn.qlinear_pointwise(x_u8, 1 / 127, 128, blocked, self.scale, zero_points, None,
+                                                     1.0, 0, torch.float32, "none", [], "")
+            out = torch.addcmul(bias, out, m)
+        else:
+            acc = torch._int_mm(x_u8, self.weight.t()).sub_(correction)  # (x_u8 - 128) @ weight.T, int32
+            out = torch.addcmul(bias, acc.mul(m), self.scale, value=1 / 127)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def __getstate__(self):  # the blocked weight is an opaque oneDNN tensor, which cannot be copied
+        return {**super().__getstate__(), "_derived": None}
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def quantize_linears_(model: nn.Module) -> nn.Module:
+    """Replace every ``nn.Linear`` in ``model`` (fairseq's output projection included), in place, by
+    an :class:`Int8Linear`; returns ``model``. For a model in evaluation mode on the CPU. Subclasses
+    of nn.Linear stay (as with torch's quantize_dynamic): torch's own MultiheadAttention, for one,
+    reads its ``out_proj.weight``."""
+    if model.training:
+        raise ValueError("int8 quantization is for decoding: call model.eval() first (the int8 layers cannot train)")
+    if any(t.device.type != "cpu" for t in [*model.parameters(), *model.buffers()]):
+        raise ValueError("int8 layers run on the CPU only (oneDNN's CPU kernels): move the model with .cpu()")
+    for module in model.modules():
+        if isinstance(module, MultiheadAttention):
+            # fairseq's softmax attention hands its projections' weights to torch's fused attention outside
+            # decoding steps, and int8 layers have none to hand: this flag (fairseq's own, for pruned
+            # models) sends it down its other path, which calls the projections.
+            module.skip_embed_dim_check = True
+    _swap_linears(model)
+    return model
+
+
+def _swap_linears(module: nn.Module):
+    for name, child in module.named_children():
+        if type(child) is nn.Linear:
+            setattr(module, name, Int8Linear.from_float(child))
+        else:
+            _swap_linears(child)
