@@ -64,13 +64,14 @@ def main(argv=None):
         """Run the module's op again from its inputs with values of ones: the output is then
         den / guard(den), 1 where the denominator was not clamped, below 1 where it was, negative
         where it was negative."""
-        query, key_padding_mask = args_[0], kwargs.get("key_padding_mask")
+        query = kwargs["query"] if "query" in kwargs else args_[0]  # fairseq's layers pass it by name
+        key_padding_mask = kwargs.get("key_padding_mask")
         if isinstance(mod, CausalRFAttention):
             q, k, v, log_g = mod._project(query, key_padding_mask)
             ratio, _ = chunk_causal_rfa(q, k, v.new_ones(*v.shape[:3], 1), log_g, eps=mod.eps,
                                         convex=mod.convex, chunk_size=mod.chunk_size)
         else:
-            key = args_[1] if len(args_) > 1 else kwargs.get("key")
+            key = kwargs["key"] if "key" in kwargs else args_[1]
             q = mod.feature_map(split_heads(mod.q_proj(query), mod.num_heads))
             k = mod._key_features(split_heads(mod.k_proj(key), mod.num_heads), key_padding_mask)
             state = cross_rfa_state(k, k.new_ones(*k.shape[:3], 1), key_padding_mask)
