@@ -51,6 +51,8 @@ VARIANTS = {  # name: (results/quality.py's variant, extra flags)
     "gate_cross_rescale": ("gate_bias2", LATER_CROSS[2:]),
     "gate_cross_later": ("gate_bias2", LATER_CROSS + ["--rfa-causal-feature-dim", "32"]),
     "enc_rfa": ("enc_rfa", []),  # an RFA encoder too: sources of hundreds of tokens
+    # RFA-Gate with its last W keys by the exact kernel (--rfa-local-window)
+    **{f"gate_window{w}": ("gate_softcross", ["--rfa-local-window", str(w)]) for w in (16, 32, 64, 128)},
 }
 DEFAULT_VARIANTS = ["softmax", "gate_softcross"]
 METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [

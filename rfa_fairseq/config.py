@@ -78,6 +78,12 @@ class RFAConfig(FairseqDataclass):
         default=DEFAULT_CHUNK_SIZE,
         metadata={"help": "chunk length of the chunked parallel form of causal RFA used in training"},
     )
+    rfa_local_window: int = field(
+        default=0,
+        metadata={"help": "causal RFA weighs each query's last W keys by the exact kernel its random features "
+                          "estimate, older keys by the features; decoding keeps those W keys beside the state "
+                          "(0: off; docs/quality.md)"},
+    )
     rfa_recompute: bool = field(
         default=False,
         metadata={"help": "in training, keep only the input of every causal RFA attention (q, k, v of cross "
@@ -134,6 +140,8 @@ def rfa_config_from(args) -> RFAConfig:
                                    or values["rfa_gate_bias"] != _DEFAULTS.rfa_gate_bias):
         raise ValueError("--rfa-gate-form and --rfa-gate-bias shape the gate: they need --rfa-gate")
     non_negative_int(flag("rfa_recompute_segment"), values["rfa_recompute_segment"])
+    if non_negative_int(flag("rfa_local_window"), values["rfa_local_window"]) and values["rfa_kernel"] == "elu":
+        raise ValueError("--rfa-local-window needs a random-feature kernel: elu's features are exact already")
     return RFAConfig(**values)
 
 

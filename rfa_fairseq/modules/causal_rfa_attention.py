@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..ops import chunk_causal_rfa, gaussian_step_features, recurrent_causal_rfa_step
 from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
+from ..ops.causal_rfa.window import WindowState, empty_window_state, window_causal_rfa, window_causal_rfa_step
 from ..ops.denominator import DEFAULT_EPS, as_dtype, compute_dtype
 from ..validation import non_negative_int
 from .beam import BeamLayout
@@ -46,6 +47,8 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         recompute_segment: under autograd, a sequence of more tokens than this is recomputed by segments,
             each checkpoint keeping its input and entering state (``[B, H, F, K + 1]``), so training memory
             grows with the length by the input alone. 0: no segments.
+        local_window: ``W > 0``: each query weighs its last ``W`` keys by the exact kernel, older keys by their
+            features (``ops/causal_rfa/window.py``); the incremental state then also keeps those keys and values.
     """
 
     STATE_KEY = "causal_rfa"
@@ -53,11 +56,12 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, gate: bool = False,
                  bias: bool = True, eps: float = DEFAULT_EPS, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  recompute: bool = False, gate_form: str = "convex", gate_bias: float = 2.0,
-                 recompute_segment: int = DEFAULT_RECOMPUTE_SEGMENT):
+                 recompute_segment: int = DEFAULT_RECOMPUTE_SEGMENT, local_window: int = 0):
         super().__init__(embed_dim, num_heads, feature_map, bias=bias, eps=eps, recompute=recompute)
         if gate_form not in GATE_FORMS:
             raise ValueError(f"gate_form must be one of {GATE_FORMS}, got {gate_form!r}")
         non_negative_int("recompute_segment", recompute_segment)
+        self.local_window = non_negative_int("local_window", local_window)
         self.chunk_size, self.recompute_segment = chunk_size, recompute_segment
         self.gated, self.convex = gate, gate_form == "convex"
         self.gate_proj = nn.Linear(embed_dim, num_heads) if gate else None
@@ -105,6 +109,12 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def _segment(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor],
                  state: Optional[Tensor], output_final_state: bool):
         """Layer input in; attention heads (before ``out_proj``) and the final state out, by the chunked form."""
+        if self.local_window:
+            q, k, v, log_g, pad = self._heads(x, key_padding_mask)
+            fm = self.feature_map
+            return window_causal_rfa(fm.scale(q), fm.scale(k), v, log_g, fm.kernel, fm.matrix(random_matrix),
+                                     self.local_window, state, output_final_state, pad, eps=self.eps,
+                                     convex=self.convex, chunk_size=self.chunk_size)
         q, k, v, log_g = self._project(x, key_padding_mask, random_matrix)
         return chunk_causal_rfa(q, k, v, log_g, state, output_final_state, eps=self.eps, convex=self.convex,
                                 chunk_size=self.chunk_size)
@@ -132,6 +142,14 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def _step(self, x: Tensor, state: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """One token ``x [B, C]``: ``out [B, H, K]`` and the state, advanced in place without
         autograd (the state was made by this module: a step, the chunked form or a reorder)."""
+        if self.local_window:
+            q, k, v, log_g, _ = self._heads(x.unsqueeze(0), None)
+            fm, B, H = self.feature_map, x.size(0), self.num_heads
+            if state is None:
+                state = empty_window_state(B, H, fm.output_dim, self.head_dim, self.local_window, v)
+            return window_causal_rfa_step(fm.scale(q)[:, :, 0], fm.scale(k)[:, :, 0], v[:, :, 0],
+                                          None if log_g is None else log_g[:, :, 0], fm.kernel, fm.matrix(), state,
+                                          eps=self.eps, convex=self.convex)
         if self.step_projection is not None:  # the decoding form of the gaussian kernel: views of in_proj's output
             B, C, H, K = x.size(0), self.embed_dim, self.num_heads, self.head_dim
             y = self.in_proj(x)
@@ -174,12 +192,18 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         if incremental_state is None:
             return self.out_proj(merge_heads(self._tokens(query, key_padding_mask)[0])), None
         buffer = self._get_input_buffer(incremental_state)
+        state = buffer.get("state")
+        if self.local_window and state is not None:
+            state = WindowState(state, buffer["window_keys"], buffer["window_values"])
         if T == 1 and key_padding_mask is None:  # a decoding step: [B, H, K] is [1, B, C] by a view
-            out, buffer["state"] = self._step(query[0], buffer.get("state"))
+            out, state = self._step(query[0], state)
             out = out.view(query.shape)
         else:
-            out, buffer["state"] = self._tokens(query, key_padding_mask, buffer.get("state"), True)
+            out, state = self._tokens(query, key_padding_mask, state, True)
             out = merge_heads(out)
+        if self.local_window:
+            state, buffer["window_keys"], buffer["window_values"] = state
+        buffer["state"] = state
         self._set_input_buffer(incremental_state, buffer)
         return self.out_proj(out), None
 
@@ -197,6 +221,9 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         rows = new_order.numel()
         if self.beam_size == 1 and rows == state.size(0):
             return incremental_state
+        for name in ("window_keys", "window_values"):
+            if name in buffer:
+                buffer[name] = buffer[name].index_select(0, new_order)
         if torch.is_grad_enabled() or state.requires_grad:
             buffer["state"] = state.index_select(0, new_order)
             buffer.pop("reorder_buffer", None)

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..ops import feature_map, feature_size, sample_random_matrix
+from ..ops.feature_maps import scale_inputs
 
 _M64 = 2**64 - 1
 
@@ -85,13 +86,21 @@ class RandomFeatureMap(nn.Module):
         self.refresh()
         return self.random_matrix.clone()
 
-    def forward(self, x: Tensor, random_matrix: Optional[Tensor] = None) -> Tensor:
-        """phi(x). ``random_matrix``: a :meth:`matrix_for_recompute` copy to use instead of the
-        buffer (then there is no redraw check: the copy is of the current draw)."""
+    def matrix(self, random_matrix: Optional[Tensor] = None) -> Tensor:
+        """``random_matrix`` (a :meth:`matrix_for_recompute` copy), else the buffer, drawn for this step."""
         if random_matrix is None:
             self.refresh()
             random_matrix = self.random_matrix
-        return feature_map(self.kernel, x, self.sigma, random_matrix)
+        return random_matrix
+
+    def scale(self, x: Tensor) -> Tensor:
+        """``x [B, H, T, K]`` as the kernel compares it (``ops.feature_maps.scale_inputs``)."""
+        return scale_inputs(self.kernel, x, self.sigma)
+
+    def forward(self, x: Tensor, random_matrix: Optional[Tensor] = None) -> Tensor:
+        """phi(x). ``random_matrix``: a :meth:`matrix_for_recompute` copy to use instead of the
+        buffer (then there is no redraw check: the copy is of the current draw)."""
+        return feature_map(self.kernel, x, self.sigma, self.matrix(random_matrix))
 
     def extra_repr(self) -> str:
         return (f"heads={self.num_heads}, head_dim={self.head_dim}, features={self.num_features}, "

@@ -124,15 +124,44 @@ def feature_size(kernel: str, num_features: int, head_dim: int) -> int:
     return _kind(kernel).size(num_features, head_dim)
 
 
+def scale_inputs(kernel: str, x: Tensor, sigma: Tensor) -> Tensor:
+    """``sigma * x / |x|`` (``elu``: ``sigma * x``) in fp32 (fp64 for fp64): what the kernel compares.
+    ``x [B, H, T, K]``, ``sigma [H, K]``."""
+    x = x.to(compute_dtype(x))
+    if _kind(kernel).normalize:
+        x = l2_normalize(x)
+    return x * sigma.to(x.dtype)[:, None, :]
+
+
+def features(kernel: str, scaled: Tensor, random_matrix: Tensor) -> Tensor:
+    """phi of :func:`scale_inputs`' output ``[B, H, T, K]``: ``[B, H, T, F]``."""
+    return _kind(kernel).fn(scaled, random_matrix.to(scaled.dtype))
+
+
 def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
     """phi(sigma * x / |x|): queries and keys L2-normalised (except for ``elu``), scaled element-wise by
     the learned ``sigma`` and mapped by ``kernel``. The scale goes on the inputs rather than the matrix:
     ``1 / D`` of the projection's cost, and no per-call copy of the matrix."""
-    kind = _kind(kernel)
-    x = x.to(compute_dtype(x))
-    if kind.normalize:
-        x = l2_normalize(x)
-    return kind.fn(x * sigma.to(x.dtype)[:, None, :], random_matrix.to(x.dtype))
+    return features(kernel, scale_inputs(kernel, x, sigma), random_matrix)
+
+
+def exact_kernel(kernel: str, x: Tensor, y: Tensor) -> Tensor:
+    """The kernel that ``phi(x) . phi(y)`` estimates, exactly, for every pair of scaled inputs ``x [..., M, K]``
+    and ``y [..., N, K]`` (:func:`scale_inputs`): ``[..., M, N]``. gaussian: exp(-|x - y|^2 / 2); favor:
+    exp(x . y); arccos: |x| |y| (sin t + (pi - t) cos t) / (2 pi), t the angle between them; elu:
+    phi(x) . phi(y) itself (its features are exact)."""
+    _kind(kernel)
+    dot = x @ y.transpose(-1, -2)
+    if kernel == "gaussian":
+        return torch.exp(dot - 0.5 * x.pow(2).sum(-1, keepdim=True) - 0.5 * y.pow(2).sum(-1).unsqueeze(-2))
+    if kernel == "favor":
+        return torch.exp(dot)
+    if kernel == "arccos":
+        norms = x.norm(dim=-1, keepdim=True) * y.norm(dim=-1).unsqueeze(-2)
+        cos = (dot / norms.clamp_min(NORM_EPS)).clamp(-1 + 1e-6, 1 - 1e-6)  # acos has no gradient at +-1
+        angle = torch.acos(cos)
+        return norms * (torch.sqrt(1 - cos * cos) + (math.pi - angle) * cos) / (2 * math.pi)
+    return elu_features(x, None) @ elu_features(y, None).transpose(-1, -2)
 
 
 def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor) -> Tuple[Tensor, Tensor]:

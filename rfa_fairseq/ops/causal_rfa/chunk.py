@@ -41,6 +41,16 @@ def chunk_causal_rfa(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """The contract of :func:`naive_causal_rfa` (shapes ``[B, H, T, F]``/``[B, H, T, K]``, the
     state ``[B, H, F, K + 1]``), in chunks of ``chunk_size``."""
+    o, final = chunk_causal_sums(q, k, v, log_g, initial_state, output_final_state, convex, chunk_size)
+    K = v.size(-1)
+    return guarded_ratio(o[..., :K], o[..., K], eps, v.dtype), final
+
+
+def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
+                      initial_state: Optional[Tensor] = None, output_final_state: bool = False, convex: bool = True,
+                      chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tuple[Tensor, Optional[Tensor]]:
+    """:func:`chunk_causal_rfa` before the division: ``q_t^T [S_t | z_t]`` ``[B, H, T, K + 1]`` in fp32 (fp64
+    for fp64 inputs), numerators then the denominator, and the final state or None."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     B, H, T, Fd = q.shape
@@ -49,7 +59,7 @@ def chunk_causal_rfa(
     state = initial_state
     if T == 0:
         final = q.new_zeros(B, H, Fd, K + 1, dtype=acc) if state is None else state.to(acc)
-        return v.new_zeros(B, H, 0, K), (final if output_final_state else None)
+        return q.new_zeros(B, H, 0, K + 1, dtype=acc), (final if output_final_state else None)
     C = min(chunk_size, max(T, 1))
     pad = (-T) % C
     N = (T + pad) // C
@@ -106,7 +116,5 @@ def chunk_causal_rfa(
             # the decay from the chunk start to position i, on the [C, K + 1] result, not the [C, F] queries
             o = o + torch.exp(b).to(acc).unsqueeze(-1) * (qf @ before)
 
-    o = o.reshape(B, H, N * C, K + 1)[:, :, :T]
-    out = guarded_ratio(o[..., :K], o[..., K], eps, v.dtype)
     # a copy, not a view that would keep the per-chunk states alive beside the decoding state
-    return out, (final.clone() if output_final_state else None)
+    return o.reshape(B, H, N * C, K + 1)[:, :, :T], (final.clone() if output_final_state else None)

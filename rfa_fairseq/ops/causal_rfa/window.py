@@ -1,0 +1,131 @@
+"""Causal RFA with a local exact window (``--rfa-local-window W``): a query weighs its last ``W`` keys
+(itself included) by the exact kernel and the older ones by their random features:
+
+    out_t = sum_j a_tj s_tj [v_j | 1]  ->  numerator / max(denominator, eps)
+    a_tj = g_{j+1} ... g_t (1 - g_j)        the gate's weights, as in naive_causal_rfa
+    s_tj = kernel(x_t, y_j) if t - j < W, else phi(x_t) . phi(y_j)
+
+``x``, ``y``: queries and keys as the kernel compares them (``feature_maps.scale_inputs``); ``phi``: their
+random features (``feature_maps.features`` with ``random_matrix``). The state of a sequence is a
+:class:`WindowState`, whose size does not depend on the length: ``F (K + 1) + W (2 K + 1)`` numbers per head.
+"""
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
+from ..feature_maps import exact_kernel, features
+from .chunk import DEFAULT_CHUNK_SIZE, _pad_time, chunk_causal_sums
+
+
+class WindowState(NamedTuple):
+    state: Tensor  # [B, H, F, K + 1]: [S | z] of the keys older than the window
+    keys: Tensor  # [B, H, W, K]: the last W keys (scaled), oldest first; zeros before the first
+    values: Tensor  # [B, H, W, K + 1]: their [v | 1] times the weight a_tj of the last query t; zeros before the first
+
+
+def empty_window_state(B: int, H: int, Fd: int, K: int, window: int, like: Tensor) -> WindowState:
+    acc = compute_dtype(like)
+    return WindowState(like.new_zeros(B, H, Fd, K + 1, dtype=acc), like.new_zeros(B, H, window, K, dtype=acc),
+                       like.new_zeros(B, H, window, K + 1, dtype=acc))
+
+
+def _write(log_g: Optional[Tensor], like: Tensor, convex: bool) -> Tensor:
+    """The write weight of every position ``[B, H, T]``: ``1 - g`` (convex gate) or 1."""
+    if log_g is None or not convex:
+        return like.new_ones(like.shape[:3])
+    return -torch.expm1(log_g.to(like.dtype))
+
+
+def naive_window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], kernel: str,
+                            random_matrix: Tensor, window: int, eps: float = DEFAULT_EPS, convex: bool = True) -> Tensor:
+    """The definition above as one ``[T, T]`` matrix per head (the reference; no state). ``x``, ``y``, ``v``:
+    ``[B, H, T, K]``; ``log_g``: ``[B, H, T]`` or None. Returns ``out [B, H, T, K]`` in the dtype of ``v``."""
+    acc = compute_dtype(x)
+    x, y, v1 = x.to(acc), y.to(acc), F.pad(v.to(acc), (0, 1), value=1.0)
+    T = x.size(2)
+    lag = torch.arange(T, device=x.device)[:, None] - torch.arange(T, device=x.device)[None, :]
+    scores = torch.where(lag < window, exact_kernel(kernel, x, y),
+                         features(kernel, x, random_matrix) @ features(kernel, y, random_matrix).transpose(-1, -2))
+    cum = torch.zeros_like(v1[..., 0], dtype=torch.float64) if log_g is None else log_g.double().cumsum(-1)
+    log_a = (cum[..., :, None] - cum[..., None, :]).masked_fill(lag < 0, float("-inf"))
+    o = (scores * torch.exp(log_a).to(acc) * _write(log_g, v1, convex)[..., None, :]) @ v1
+    return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype)
+
+
+def window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], kernel: str, random_matrix: Tensor,
+                      window: int, initial_state: Optional[WindowState] = None, output_final_state: bool = False,
+                      pad: Optional[Tensor] = None, eps: float = DEFAULT_EPS, convex: bool = True,
+                      chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tuple[Tensor, Optional[WindowState]]:
+    """:func:`naive_window_causal_rfa` from ``initial_state`` (training, prompts, a stateful LM's blocks):
+    every key by its features through :func:`chunk_causal_sums`, then, in blocks of ``W`` queries, each
+    query's last ``W`` keys corrected from ``phi . phi`` to the exact kernel. ``pad [B, 1, T]`` (True: a pad)
+    neither writes nor decays. Returns ``out [B, H, T, K]`` and the final state (or None)."""
+    B, H, T, K = v.shape
+    W, acc = window, compute_dtype(x)
+    x, y = x.to(acc), y.to(acc)
+    write = _write(log_g, x, convex)
+    if pad is not None:
+        write = write.masked_fill(pad, 0.0)
+        log_g = None if log_g is None else log_g.masked_fill(pad, 0.0)
+    phi_x, phi_y = features(kernel, x, random_matrix), features(kernel, y, random_matrix)
+    v1 = F.pad(v.to(acc), (0, 1), value=1.0)
+    # The buffer's keys, then the block's: each with its factor (the buffer's weighted values, the block's
+    # write weight times [v | 1]) and the cumulative log-gate it is counted from (0 for the buffer).
+    start = initial_state if initial_state is not None else empty_window_state(B, H, phi_x.size(-1), K, W, x)
+    phi_b = features(kernel, start.keys, random_matrix)
+    cum = torch.zeros(B, H, T, dtype=torch.float64, device=x.device) if log_g is None else log_g.double().cumsum(-1)
+    keys, phis = torch.cat([start.keys, y], 2), torch.cat([phi_b, phi_y], 2)
+    vals, cum_k = torch.cat([start.values, write.unsqueeze(-1) * v1], 2), F.pad(cum, (W, 0))
+    # every key by its features, from the state of all keys before the block
+    full = None if initial_state is None else start.state + phi_b.transpose(-1, -2) @ start.values
+    o, final = chunk_causal_sums(phi_x, phi_y if pad is None else phi_y.masked_fill(pad.unsqueeze(-1), 0.0), v,
+                                 log_g, full, output_final_state, convex, chunk_size)
+    # Queries in blocks of W; block n's window keys are among the W + T keys' blocks n and n + 1.
+    P = (-T) % W
+    N = (T + P) // W
+    def blocks(t: Tensor, n: int) -> Tensor:  # [B, H, n, W, ...]
+        return _pad_time(t, n * W - t.size(2)).unflatten(2, (n, W))
+
+    def pairs(t: Tensor) -> Tensor:  # [B, H, N, 2 W, ...]: blocks n and n + 1
+        b = blocks(t, N + 1)
+        return torch.cat([b[:, :, :-1], b[:, :, 1:]], 3)
+
+    r, p = torch.arange(W, device=x.device)[:, None], torch.arange(2 * W, device=x.device)[None, :]
+    band = (p > r) & (p <= r + W)  # key p of the pair is within the last W of query r
+    log_a = (blocks(cum, N)[..., :, None] - pairs(cum_k)[..., None, :]).masked_fill(~band, float("-inf"))
+    scores = exact_kernel(kernel, blocks(x, N), pairs(keys)) - blocks(phi_x, N) @ pairs(phis).transpose(-1, -2)
+    o = o + ((scores * torch.exp(log_a).to(acc)) @ pairs(vals)).flatten(2, 3)[:, :, :T]
+    out = guarded_ratio(o[..., :K], o[..., K], eps, v.dtype)
+    if not output_final_state:
+        return out, None
+    last = torch.exp(cum[..., -1:] - cum_k[..., -W:]).to(acc) if T else 1.0
+    values = vals[:, :, -W:] * last.unsqueeze(-1) if T else vals[:, :, -W:]
+    return out, WindowState(final - phis[:, :, -W:].transpose(-1, -2) @ values, keys[:, :, -W:], values)
+
+
+def window_causal_rfa_step(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], kernel: str,
+                           random_matrix: Tensor, state: WindowState, eps: float = DEFAULT_EPS,
+                           convex: bool = True) -> Tuple[Tensor, WindowState]:
+    """One token (``x``, ``y``, ``v [B, H, K]``, ``log_g [B, H]`` or None) from ``state``: every weight decays
+    by ``g_t``, the oldest key of the window goes into ``[S | z]`` by its features, the new key takes its
+    place. Returns ``out [B, H, K]`` and the new state."""
+    acc = compute_dtype(x)
+    x, y = x.to(acc), y.to(acc)
+    v1 = F.pad(v.to(acc), (0, 1), value=1.0)
+    values = state.values
+    old = state.state
+    if log_g is not None:
+        g = torch.exp(log_g.to(acc))
+        values, old = values * g[..., None, None], old * g[..., None, None]
+        if convex:
+            v1 = v1 * -torch.expm1(log_g.to(acc)).unsqueeze(-1)
+    old = old + features(kernel, state.keys[:, :, :1], random_matrix).transpose(-1, -2) @ values[:, :, :1]
+    keys = torch.cat([state.keys[:, :, 1:], y.unsqueeze(2)], 2)
+    values = torch.cat([values[:, :, 1:], v1.unsqueeze(2)], 2)
+    xq = x.unsqueeze(2)
+    o = (features(kernel, xq, random_matrix) @ old + exact_kernel(kernel, xq, keys) @ values).squeeze(2)
+    K = v.size(-1)
+    return guarded_ratio(o[..., :K], o[..., K], eps, v.dtype), WindowState(old, keys, values)
