@@ -32,26 +32,33 @@ def empty_window_state(B: int, H: int, Fd: int, K: int, window: int, like: Tenso
                        like.new_zeros(B, H, window, K + 1, dtype=acc))
 
 
-def _write(log_g: Optional[Tensor], like: Tensor, convex: bool) -> Tensor:
-    """The write weight of every position ``[B, H, T]``: ``1 - g`` (convex gate) or 1."""
-    if log_g is None or not convex:
-        return like.new_ones(like.shape[:3])
-    return -torch.expm1(log_g.to(like.dtype))
+def _write(log_g: Optional[Tensor], like: Tensor, convex: bool, pad: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+    """The write weight of every position ``[B, H, T]`` (``1 - g`` with a convex gate, else 1; 0 at the pads)
+    and the log-gates (0 at the pads: they do not decay)."""
+    write = like.new_ones(like.shape[:3]) if log_g is None or not convex else -torch.expm1(log_g.to(like.dtype))
+    if pad is None:
+        return write, log_g
+    return write.masked_fill(pad, 0.0), None if log_g is None else log_g.masked_fill(pad, 0.0)
 
 
 def naive_window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], kernel: str,
-                            random_matrix: Tensor, window: int, eps: float = DEFAULT_EPS, convex: bool = True) -> Tensor:
+                            random_matrix: Tensor, window: int, pad: Optional[Tensor] = None, eps: float = DEFAULT_EPS,
+                            convex: bool = True) -> Tensor:
     """The definition above as one ``[T, T]`` matrix per head (the reference; no state). ``x``, ``y``, ``v``:
-    ``[B, H, T, K]``; ``log_g``: ``[B, H, T]`` or None. Returns ``out [B, H, T, K]`` in the dtype of ``v``."""
+    ``[B, H, T, K]``; ``log_g``: ``[B, H, T]`` or None; ``pad [B, 1, T]`` (True: a pad) or None. Returns
+    ``out [B, H, T, K]`` in the dtype of ``v``. The chunked form takes it for a sequence within one window."""
     acc = compute_dtype(x)
     x, y, v1 = x.to(acc), y.to(acc), F.pad(v.to(acc), (0, 1), value=1.0)
+    write, log_g = _write(log_g, x, convex, pad)
     T = x.size(2)
     lag = torch.arange(T, device=x.device)[:, None] - torch.arange(T, device=x.device)[None, :]
-    scores = torch.where(lag < window, exact_kernel(kernel, x, y),
-                         features(kernel, x, random_matrix) @ features(kernel, y, random_matrix).transpose(-1, -2))
+    scores = exact_kernel(kernel, x, y)
+    if T > window:
+        scores = torch.where(lag < window, scores,
+                             features(kernel, x, random_matrix) @ features(kernel, y, random_matrix).transpose(-1, -2))
     cum = torch.zeros_like(v1[..., 0], dtype=torch.float64) if log_g is None else log_g.double().cumsum(-1)
     log_a = (cum[..., :, None] - cum[..., None, :]).masked_fill(lag < 0, float("-inf"))
-    o = (scores * torch.exp(log_a).to(acc) * _write(log_g, v1, convex)[..., None, :]) @ v1
+    o = (scores * torch.exp(log_a).to(acc) * write[..., None, :]) @ v1
     return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype)
 
 
@@ -65,11 +72,10 @@ def window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], 
     neither writes nor decays. Returns ``out [B, H, T, K]`` and the final state (or None)."""
     B, H, T, K = v.shape
     W, acc = window, compute_dtype(x)
+    if initial_state is None and T <= W and not output_final_state:  # training on sentences: exact attention
+        return naive_window_causal_rfa(x, y, v, log_g, kernel, random_matrix, W, pad, eps, convex), None
     x, y = x.to(acc), y.to(acc)
-    write = _write(log_g, x, convex)
-    if pad is not None:
-        write = write.masked_fill(pad, 0.0)
-        log_g = None if log_g is None else log_g.masked_fill(pad, 0.0)
+    write, log_g = _write(log_g, x, convex, pad)
     phi_x, phi_y = features(kernel, x, random_matrix), features(kernel, y, random_matrix)
     v1 = F.pad(v.to(acc), (0, 1), value=1.0)
     # The buffer's keys, then the block's: each with its factor (the buffer's weighted values, the block's
