@@ -31,14 +31,16 @@ def test_prepare_for_inference_quantizes_every_linear_layer_only_when_asked(lm_m
     assert not model.training
 
 
+@pytest.mark.parametrize("window", [[], ["--rfa-local-window", "6"]], ids=["", "window"])
 @pytest.mark.parametrize("family", ["lm", "translation"])
-def test_prepare_for_inference_fuses_the_causal_projections_and_keeps_the_outputs(lm_model, translation_model, family):
+def test_prepare_for_inference_fuses_the_causal_projections_and_keeps_the_outputs(lm_model, translation_model, family,
+                                                                                   window):
     """Every causal RFA module computes q, k, v and the gate with one layer after
     prepare_for_inference_ (tests/modules: the module's agreement), in float32 and in int8; the
     model's outputs stay those of the separate layers."""
     make = lm_model if family == "lm" else translation_model
-    task, ref = make("--rfa-gate")
-    _, model = make("--rfa-gate")
+    task, ref = make("--rfa-gate", *window)
+    _, model = make("--rfa-gate", *window)
     model.load_state_dict(ref.state_dict())
     ref.eval()
     model.prepare_for_inference_(GENERATE_CFG)

@@ -58,6 +58,8 @@ def test_translation_model_structure(translation_model):
     (["--rfa-gate-form", "decay"], "need --rfa-gate"),
     (["--rfa-gate-bias", "3"], "need --rfa-gate"),
     (["--decoder-attention-heads", "5"], "--decoder-attention-heads"),
+    (["--rfa-local-window", "-1"], "--rfa-local-window"),
+    (["--rfa-kernel", "elu", "--rfa-local-window", "8"], "--rfa-local-window needs a random-feature kernel"),
 ])
 def test_invalid_flag_values_name_the_flag(lm_model, translation_model, bad, flag):
     for make in (lm_model, translation_model):
