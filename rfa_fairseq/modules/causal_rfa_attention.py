@@ -149,7 +149,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
                 state = empty_window_state(B, H, fm.output_dim, self.head_dim, self.local_window, v)
             return window_causal_rfa_step(fm.scale(q)[:, :, 0], fm.scale(k)[:, :, 0], v[:, :, 0],
                                           None if log_g is None else log_g[:, :, 0], fm.kernel, fm.matrix(), state,
-                                          eps=self.eps, convex=self.convex)
+                                          eps=self.eps, convex=self.convex, inplace=not torch.is_grad_enabled())
         if self.step_projection is not None:  # the decoding form of the gaussian kernel: views of in_proj's output
             B, C, H, K = x.size(0), self.embed_dim, self.num_heads, self.head_dim
             y = self.in_proj(x)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
+from ..denominator import DEFAULT_EPS, as_dtype, compute_dtype, guarded_ratio
 from ..feature_maps import exact_kernel, features
 from .chunk import DEFAULT_CHUNK_SIZE, _pad_time, chunk_causal_sums
 
@@ -113,25 +113,29 @@ def window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], 
 
 
 def window_causal_rfa_step(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], kernel: str,
-                           random_matrix: Tensor, state: WindowState, eps: float = DEFAULT_EPS,
-                           convex: bool = True) -> Tuple[Tensor, WindowState]:
+                           random_matrix: Tensor, state: WindowState, eps: float = DEFAULT_EPS, convex: bool = True,
+                           inplace: bool = False) -> Tuple[Tensor, WindowState]:
     """One token (``x``, ``y``, ``v [B, H, K]``, ``log_g [B, H]`` or None) from ``state``: every weight decays
     by ``g_t``, the oldest key of the window goes into ``[S | z]`` by its features, the new key takes its
-    place. Returns ``out [B, H, K]`` and the new state."""
+    place. ``inplace``: advance ``state.state`` in place (no autograd; the caller owns it). Returns
+    ``out [B, H, K]`` and the new state."""
     acc = compute_dtype(x)
-    x, y = x.to(acc), y.to(acc)
-    v1 = F.pad(v.to(acc), (0, 1), value=1.0)
-    values = state.values
-    old = state.state
+    x, y = as_dtype(x, acc), as_dtype(y, acc)
+    v1 = F.pad(as_dtype(v, acc), (0, 1), value=1.0)
+    old, keys, values = state
+    phi = features(kernel, torch.stack([x, keys[:, :, 0]], 2), random_matrix)  # the query's, the leaving key's
+    evicted, values = values[:, :, 0], values[:, :, 1:]
     if log_g is not None:
-        g = torch.exp(log_g.to(acc))
-        values, old = values * g[..., None, None], old * g[..., None, None]
+        lg = as_dtype(log_g, acc)
+        g = torch.exp(lg)
+        evicted, values = evicted * g.unsqueeze(-1), values * g[..., None, None]
+        old = old.mul_(g[..., None, None]) if inplace else old * g[..., None, None]
         if convex:
-            v1 = v1 * -torch.expm1(log_g.to(acc)).unsqueeze(-1)
-    old = old + features(kernel, state.keys[:, :, :1], random_matrix).transpose(-1, -2) @ values[:, :, :1]
-    keys = torch.cat([state.keys[:, :, 1:], y.unsqueeze(2)], 2)
-    values = torch.cat([values[:, :, 1:], v1.unsqueeze(2)], 2)
-    xq = x.unsqueeze(2)
-    o = (features(kernel, xq, random_matrix) @ old + exact_kernel(kernel, xq, keys) @ values).squeeze(2)
+            v1 = v1 * -torch.expm1(lg).unsqueeze(-1)
+    outer = (phi[:, :, 1].unsqueeze(-1), evicted.unsqueeze(-2))
+    old = old.addcmul_(*outer) if inplace else torch.addcmul(old, *outer)
+    keys = torch.cat([keys[:, :, 1:], y.unsqueeze(2)], 2)
+    values = torch.cat([values, v1.unsqueeze(2)], 2)
+    o = (phi[:, :, :1] @ old + exact_kernel(kernel, x.unsqueeze(2), keys) @ values).squeeze(2)
     K = v.size(-1)
     return guarded_ratio(o[..., :K], o[..., K], eps, v.dtype), WindowState(old, keys, values)
