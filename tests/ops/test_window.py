@@ -97,3 +97,13 @@ def test_left_padding_changes_nothing_at_the_tokens(gen):
     out_p, state_p = window_causal_rfa(*padded, lg, "gaussian", matrix, 5, output_final_state=True, pad=pad)
     torch.testing.assert_close(out_p[:, :, P:], out)
     torch.testing.assert_close(state_p.state, state.state)
+
+
+def test_strong_gates_over_a_long_sequence_keep_gradients_finite(gen):
+    """fp32, a gate of e^-5 at every step and a length that is not a multiple of the window: the
+    cumulative log-gates reach -185, whose differences must never be exponentiated upwards."""
+    x, y, v, _, matrix = inputs(gen, 37, dtype=torch.float32)
+    log_g = torch.full((B, H, 37), -5.0, requires_grad=True)
+    out, _ = window_causal_rfa(x, y, v.requires_grad_(), log_g, "gaussian", matrix, 8, chunk_size=5)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(log_g.grad).all() and torch.isfinite(v.grad).all()

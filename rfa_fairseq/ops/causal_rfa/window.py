@@ -101,7 +101,9 @@ def window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], 
 
     r, p = torch.arange(W, device=x.device)[:, None], torch.arange(2 * W, device=x.device)[None, :]
     band = (p > r) & (p <= r + W)  # key p of the pair is within the last W of query r
-    log_a = (blocks(cum, N)[..., :, None] - pairs(cum_k)[..., None, :]).masked_fill(~band, float("-inf"))
+    # the padded queries take the last cumulative log-gate: exponents <= 0 there too (no inf * 0 in the backward)
+    cum_q = F.pad(cum, (0, P), mode="replicate") if P else cum
+    log_a = (blocks(cum_q, N)[..., :, None] - pairs(cum_k)[..., None, :]).masked_fill(~band, float("-inf"))
     scores = exact_kernel(kernel, blocks(x, N), pairs(keys)) - blocks(phi_x, N) @ pairs(phis).transpose(-1, -2)
     o = o + ((scores * torch.exp(log_a).to(acc)) @ pairs(vals)).flatten(2, 3)[:, :, :T]
     out = guarded_ratio(o[..., :K], o[..., K], eps, v.dtype)
