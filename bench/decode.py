@@ -53,7 +53,10 @@ MODELS = {
                     # fairseq's softmax decoder behind the plugin's encoder, which skips the beam reorders that
                     # change nothing (rfa_encoder.BeamGroupedReorder): softmax's share of that saving
                     "softmax_plugin": ["--arch", "rfa_transformer_wmt_en_de", "--decoder-attention", "softmax"],
-                    **{f"rfa_enc_{kind}": RFA_MT + ["--encoder-attention", kind] for kind in ("rfa", "favor", "lara")}},
+                    **{f"rfa_enc_{kind}": RFA_MT + ["--encoder-attention", kind] for kind in ("rfa", "favor", "lara")},
+                    # RFA-Gate with a local exact window of W keys (--rfa-local-window)
+                    **{f"gate_window{w}": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate", "--rfa-local-window", str(w)]
+                       for w in (16, 32, 64, 128)}},
     "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": ["--arch", "rfa_transformer_lm"] + BASE,
            "rfa_gate": ["--arch", "rfa_transformer_lm", "--rfa-gate"] + BASE},
 }

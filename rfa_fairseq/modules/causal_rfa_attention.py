@@ -194,7 +194,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         buffer = self._get_input_buffer(incremental_state)
         state = buffer.get("state")
         if self.local_window and state is not None:
-            state = WindowState(state, buffer["window_keys"], buffer["window_values"])
+            state = WindowState(state, buffer["window_keys"], buffer["window_values"], buffer["window_start"])
         if T == 1 and key_padding_mask is None:  # a decoding step: [B, H, K] is [1, B, C] by a view
             out, state = self._step(query[0], state)
             out = out.view(query.shape)
@@ -202,7 +202,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             out, state = self._tokens(query, key_padding_mask, state, True)
             out = merge_heads(out)
         if self.local_window:
-            state, buffer["window_keys"], buffer["window_values"] = state
+            state, buffer["window_keys"], buffer["window_values"], buffer["window_start"] = state
         buffer["state"] = state
         self._set_input_buffer(incremental_state, buffer)
         return self.out_proj(out), None

@@ -22,8 +22,15 @@ from .chunk import DEFAULT_CHUNK_SIZE, _pad_time, chunk_causal_sums
 
 class WindowState(NamedTuple):
     state: Tensor  # [B, H, F, K + 1]: [S | z] of the keys older than the window
-    keys: Tensor  # [B, H, W, K]: the last W keys (scaled), oldest first; zeros before the first
+    keys: Tensor  # [B, H, W, K]: the last W keys (scaled), a ring from slot `start` (the oldest); zeros before the first
     values: Tensor  # [B, H, W, K + 1]: their [v | 1] times the weight a_tj of the last query t; zeros before the first
+    start: int = 0  # the slot of the oldest key: the next step's key replaces it
+
+    def in_time_order(self) -> "WindowState":
+        """The same state with the oldest key in slot 0."""
+        if self.start == 0:
+            return self
+        return WindowState(self.state, self.keys.roll(-self.start, 2), self.values.roll(-self.start, 2))
 
 
 def empty_window_state(B: int, H: int, Fd: int, K: int, window: int, like: Tensor) -> WindowState:
@@ -80,13 +87,13 @@ def window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], 
     v1 = F.pad(v.to(acc), (0, 1), value=1.0)
     # The buffer's keys, then the block's: each with its factor (the buffer's weighted values, the block's
     # write weight times [v | 1]) and the cumulative log-gate it is counted from (0 for the buffer).
-    start = initial_state if initial_state is not None else empty_window_state(B, H, phi_x.size(-1), K, W, x)
-    phi_b = features(kernel, start.keys, random_matrix)
+    first = empty_window_state(B, H, phi_x.size(-1), K, W, x) if initial_state is None else initial_state.in_time_order()
+    phi_b = features(kernel, first.keys, random_matrix)
     cum = torch.zeros(B, H, T, dtype=torch.float64, device=x.device) if log_g is None else log_g.double().cumsum(-1)
-    keys, phis = torch.cat([start.keys, y], 2), torch.cat([phi_b, phi_y], 2)
-    vals, cum_k = torch.cat([start.values, write.unsqueeze(-1) * v1], 2), F.pad(cum, (W, 0))
+    keys, phis = torch.cat([first.keys, y], 2), torch.cat([phi_b, phi_y], 2)
+    vals, cum_k = torch.cat([first.values, write.unsqueeze(-1) * v1], 2), F.pad(cum, (W, 0))
     # every key by its features, from the state of all keys before the block
-    full = None if initial_state is None else start.state + phi_b.transpose(-1, -2) @ start.values
+    full = None if initial_state is None else first.state + phi_b.transpose(-1, -2) @ first.values
     o, final = chunk_causal_sums(phi_x, phi_y if pad is None else phi_y.masked_fill(pad.unsqueeze(-1), 0.0), v,
                                  log_g, full, output_final_state, convex, chunk_size)
     # Queries in blocks of W; block n's window keys are among the W + T keys' blocks n and n + 1.
@@ -111,7 +118,8 @@ def window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], 
         return out, None
     last = torch.exp(cum[..., -1:] - cum_k[..., -W:]).to(acc) if T else 1.0
     values = vals[:, :, -W:] * last.unsqueeze(-1) if T else vals[:, :, -W:]
-    return out, WindowState(final - phis[:, :, -W:].transpose(-1, -2) @ values, keys[:, :, -W:], values)
+    # keys: a copy, not a view that would keep the block's keys alive beside the decoding state
+    return out, WindowState(final - phis[:, :, -W:].transpose(-1, -2) @ values, keys[:, :, -W:].clone(), values)
 
 
 def window_causal_rfa_step(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], kernel: str,
@@ -119,25 +127,25 @@ def window_causal_rfa_step(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tens
                            inplace: bool = False) -> Tuple[Tensor, WindowState]:
     """One token (``x``, ``y``, ``v [B, H, K]``, ``log_g [B, H]`` or None) from ``state``: every weight decays
     by ``g_t``, the oldest key of the window goes into ``[S | z]`` by its features, the new key takes its
-    place. ``inplace``: advance ``state.state`` in place (no autograd; the caller owns it). Returns
+    slot. ``inplace``: advance the state's tensors in place (no autograd; the caller owns them). Returns
     ``out [B, H, K]`` and the new state."""
     acc = compute_dtype(x)
     x, y = as_dtype(x, acc), as_dtype(y, acc)
     v1 = F.pad(as_dtype(v, acc), (0, 1), value=1.0)
-    old, keys, values = state
-    phi = features(kernel, torch.stack([x, keys[:, :, 0]], 2), random_matrix)  # the query's, the leaving key's
-    evicted, values = values[:, :, 0], values[:, :, 1:]
+    old, keys, values, slot = state
+    if not inplace:
+        old, keys, values = old.clone(), keys.clone(), values.clone()
+    phi = features(kernel, torch.stack([x, keys[:, :, slot]], 2), random_matrix)  # the query's, the leaving key's
     if log_g is not None:
         lg = as_dtype(log_g, acc)
-        g = torch.exp(lg)
-        evicted, values = evicted * g.unsqueeze(-1), values * g[..., None, None]
-        old = old.mul_(g[..., None, None]) if inplace else old * g[..., None, None]
+        g = torch.exp(lg)[..., None, None]
+        values.mul_(g)
+        old.mul_(g)
         if convex:
             v1 = v1 * -torch.expm1(lg).unsqueeze(-1)
-    outer = (phi[:, :, 1].unsqueeze(-1), evicted.unsqueeze(-2))
-    old = old.addcmul_(*outer) if inplace else torch.addcmul(old, *outer)
-    keys = torch.cat([keys[:, :, 1:], y.unsqueeze(2)], 2)
-    values = torch.cat([values, v1.unsqueeze(2)], 2)
+    old.addcmul_(phi[:, :, 1].unsqueeze(-1), values[:, :, slot].unsqueeze(-2))
+    keys[:, :, slot] = y
+    values[:, :, slot] = v1
     o = (phi[:, :, :1] @ old + exact_kernel(kernel, x.unsqueeze(2), keys) @ values).squeeze(2)
     K = v.size(-1)
-    return guarded_ratio(o[..., :K], o[..., K], eps, v.dtype), WindowState(old, keys, values)
+    return guarded_ratio(o[..., :K], o[..., K], eps, v.dtype), WindowState(old, keys, values, (slot + 1) % keys.size(2))
