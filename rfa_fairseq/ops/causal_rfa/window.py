@@ -99,6 +99,7 @@ def window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], 
     # Queries in blocks of W; block n's window keys are among the W + T keys' blocks n and n + 1.
     P = (-T) % W
     N = (T + P) // W
+
     def blocks(t: Tensor, n: int) -> Tensor:  # [B, H, n, W, ...]
         return _pad_time(t, n * W - t.size(2)).unflatten(2, (n, W))
 
