@@ -49,6 +49,10 @@ VARIANTS = {  # (training task, flags[, what changes in the setting])
     "rfa_gate_burnin_bias4": (STATEFUL, GATE + ["--burn-in-blocks", "1", "--rfa-gate-bias", "4"]),
     # the fix, the task's default: a burn-in over the two blocks before
     "rfa_gate_burnin2": (STATEFUL, GATE + ["--burn-in-blocks", "2"]),
+    # a local exact window of W keys (--rfa-local-window), without and with the carried state
+    **{name: (task, flags + ["--rfa-local-window", str(w)]) for w in (16, 64) for name, task, flags in (
+        (f"rfa_gate_window{w}", "language_modeling", GATE), (f"rfa_gate_burnin2_window{w}", STATEFUL,
+                                                              GATE + ["--burn-in-blocks", "2"]))},
     # block length, the same tokens per update
     "rfa_gate_b128": ("language_modeling", GATE, dict(block=128, rows=32)),
     "rfa_gate_b512": ("language_modeling", GATE, dict(block=512, rows=8)),
