@@ -6,7 +6,7 @@ the decoder's future mask adds nothing and is only checked for shape.
 
 With an incremental state the module keeps one fp32 state per layer, ``[S | z]`` ``[B, H, F, K + 1]``
 (``S [B, H, F, K]``, ``z [B, H, F]``: the layout of every op in ``ops``), as ``{"state": ...,
-"state_reorder_buffer": ...}`` under this module's key; its size does not depend on the tokens before. One
+"reorder_buffer": ...}`` under this module's key; its size does not depend on the tokens before. One
 token is a recurrent step; several (a prompt, a stateful language model's next block) go through
 the chunked form from the state and leave their final state there.
 
@@ -210,8 +210,8 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """Beam search: keep the state rows that the surviving hypotheses continue.
 
-        Without autograd each state tensor's rows are gathered into a buffer kept beside it (the two then
-        swap roles; into its front when finished sentences shrink the batch), so a step allocates no
+        Without autograd the rows are gathered into a buffer kept beside the state (the two then swap
+        roles; into its front when finished sentences shrink the batch), so a step allocates no
         state-sized memory (which the operating system would zero page by page). With one hypothesis
         per sentence an order that keeps the batch size keeps every row in place (``modules/beam.py``)."""
         buffer = self._get_input_buffer(incremental_state)
@@ -221,17 +221,18 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         rows = new_order.numel()
         if self.beam_size == 1 and rows == state.size(0):
             return incremental_state
-        for name in ("state", "window_keys", "window_values"):
-            if name not in buffer:
-                continue
-            old, spare = buffer[name], buffer.pop(f"{name}_reorder_buffer", None)
-            if torch.is_grad_enabled() or old.requires_grad:
-                buffer[name] = old.index_select(0, new_order)
-                continue
-            numel = rows * old[0].numel()  # spare is flat, with room for at least as many rows as the state had
-            if spare is None or spare.numel() < numel:
-                spare = old.new_empty(numel)
-            buffer[name] = torch.index_select(old, 0, new_order, out=spare[:numel].view((rows,) + old.shape[1:]))
-            buffer[f"{name}_reorder_buffer"] = old.reshape(-1)  # the old rows are no longer needed
+        for name in ("window_keys", "window_values"):
+            if name in buffer:
+                buffer[name] = buffer[name].index_select(0, new_order)
+        if torch.is_grad_enabled() or state.requires_grad:
+            buffer["state"] = state.index_select(0, new_order)
+            buffer.pop("reorder_buffer", None)
+        else:
+            memory = buffer.pop("reorder_buffer", None)  # flat: room for at least as many rows as the state had
+            numel = rows * state[0].numel()
+            if memory is None or memory.numel() < numel:
+                memory = state.new_empty(numel)
+            buffer["state"] = torch.index_select(state, 0, new_order, out=memory[:numel].view((rows,) + state.shape[1:]))
+            buffer["reorder_buffer"] = state.reshape(-1)  # the old rows are no longer needed
         self._set_input_buffer(incremental_state, buffer)
         return incremental_state

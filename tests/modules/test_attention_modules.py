@@ -270,17 +270,16 @@ def test_causal_incremental_reorder_follows_new_order():
     torch.testing.assert_close(step, ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("window", [0, 3], ids=["rfa", "window3"])
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
-def test_causal_reorders_over_many_steps_follow_the_histories(grad, window):
+def test_causal_reorders_over_many_steps_follow_the_histories(grad):
     """Beam-search-like decoding: a reorder after every step (permutations with repeated rows,
     the identity, and finally a batch that shrinks). Each row's output must equal a from-scratch
     decode of the history that row now continues. Without autograd the reorder gathers into a
     buffer and the two swap roles: two blocks of memory serve the whole decode, the shrunk batch
     included (its state is gathered into the front of the buffer), and the buffer never aliases
-    the live state (each of a window's tensors too)."""
+    the live state."""
     torch.manual_seed(5)
-    attn = CausalRFAttention(C, H, fmap(), gate=True, local_window=window).eval()
+    attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
     attn.set_beam_size(2)  # more than one hypothesis per sentence: any order may come
     N, steps = 4, 12
     x = torch.randn(steps, N, C)
@@ -288,7 +287,7 @@ def test_causal_reorders_over_many_steps_follow_the_histories(grad, window):
                                         [2, 0, 1, 1], [0, 1, 2, 3], [0, 1, 3, 3], [1, 2, 2, 0], [3, 2, 1, 0],
                                         [0, 0, 3])]
     history = [[i] for i in range(N)]  # history[row] = the input columns of x that row has seen
-    buffers, names = set(), ["state"] + ["window_keys", "window_values"] * bool(window)
+    buffers = set()
     with torch.set_grad_enabled(grad):
         state = {}
         for t in range(steps):
@@ -301,17 +300,16 @@ def test_causal_reorders_over_many_steps_follow_the_histories(grad, window):
                 torch.testing.assert_close(out[:, r : r + 1], ref, rtol=1e-5, atol=1e-6,
                                            msg=lambda m: f"step {t}, row {r}: {m}")
             buf = attn._get_input_buffer(state)
-            # the buffers exist from the first reorder on, the shrunk batch's (after step 10) too
-            for name in names:
-                assert (f"{name}_reorder_buffer" in buf) == (not grad and t >= 1), f"step {t}: {sorted(buf)}"
-                if f"{name}_reorder_buffer" in buf:
-                    assert buf[f"{name}_reorder_buffer"].data_ptr() != buf[name].data_ptr()
-                    buffers.update((buf[f"{name}_reorder_buffer"].data_ptr(), buf[name].data_ptr()))
+            # the buffer exists from the first reorder on, the shrunk batch's (after step 10) too
+            assert ("reorder_buffer" in buf) == (not grad and t >= 1), f"step {t}: {sorted(buf)}"
+            if "reorder_buffer" in buf:
+                assert buf["reorder_buffer"].data_ptr() != buf["state"].data_ptr()
+                buffers.update((buf["reorder_buffer"].data_ptr(), buf["state"].data_ptr()))
             if t < len(orders):
                 order = orders[t]
                 history = [history[o] + [o] for o in order.tolist()]
                 attn.reorder_incremental_state(state, order)
-    assert len(buffers) == (0 if grad else 2 * len(names))
+    assert len(buffers) == (0 if grad else 2)
 
 
 def test_causal_reorder_after_a_multi_token_prefix():
@@ -351,7 +349,7 @@ def test_causal_reorder_at_beam_one_copies_nothing():
         S = attn._get_input_buffer(state)["state"]
         attn.reorder_incremental_state(state, torch.arange(3))
         saved = attn._get_input_buffer(state)
-        assert saved["state"] is S and "state_reorder_buffer" not in saved
+        assert saved["state"] is S and "reorder_buffer" not in saved
         attn.reorder_incremental_state(state, torch.tensor([2, 0]))
         torch.testing.assert_close(attn._get_input_buffer(state)["state"], S[[2, 0]], rtol=0, atol=0)
 
