@@ -30,6 +30,9 @@ setup(
                   "sacrebleu", "sacremoses", "sentencepiece"],
         "test": ["pytest", "hypothesis"],
         "bench": ["ctranslate2==4.8.5"],  # bench/decode.py's CTranslate2 models (scripts/setup_env.sh installs it)
+        # --rfa-backend fla: flash-linear-attention's kernels; triton 3.7.1 is torch 2.13's (scripts/setup_env.sh
+        # installs both, keeping a triton that came with an installed CUDA torch)
+        "gpu": ["fla-core==0.6.0", "triton==3.7.1"],
     },
     license="MIT",
 )

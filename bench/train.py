@@ -6,7 +6,8 @@ backward with a fixed random R (no vocabulary projection: the same for all), ``-
 tokens per step at every length; ``softmax`` (fairseq's MultiheadAttention), ``sdpa`` (its
 projections through torch's ``scaled_dot_product_attention``), ``rfa``, ``rfa_gate`` and their
 ``*_recompute`` forms (``--rfa-recompute``), and RFA-Gate with shorter recompute segments
-(``rfa_gate_seg*``: ``--rfa-recompute-segment``). ``translation``: label-smoothed cross entropy on
+(``rfa_gate_seg*``: ``--rfa-recompute-segment``), RFA-Gate on named kernels (``rfa_gate_torch``,
+``rfa_gate_fla``: ``--rfa-backend``), in ``--dtype`` (the model cast, as fairseq's ``--bf16``). ``translation``: label-smoothed cross entropy on
 batches of a binarised corpus, the models taking turns step by step. ``encoder``: one encoder
 self-attention module on one source of T tokens. ``chunk``: ops.chunk_causal_rfa by chunk size,
 forward + backward (``train``) or forward with the final state (``infer``). Per row: the
@@ -42,11 +43,14 @@ LM = {"softmax": ["--arch", "transformer_lm"], "sdpa": ["--arch", "transformer_l
       "rfa_gate_keep": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute-segment", "0"],
       # smaller recompute segments, smaller temporaries (a segment's features and chunk states)
       **{f"rfa_gate_seg{n}": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute-segment", str(n)]
-         for n in (128, 256)}}
+         for n in (128, 256)},
+      # the kernels by name (--rfa-backend; rfa_gate is auto: fla on a GPU where fla-core is installed)
+      **{f"rfa_gate_{b}": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-backend", b] for b in ("torch", "fla")}}
 MT = {"softmax": ["--arch", "transformer_iwslt_de_en"],
       "rfa": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa"],
       "rfa_gate": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa", "--rfa-gate"],
       "rfa_gate_softcross": ["--arch", "rfa_transformer_iwslt_de_en", "--rfa-gate"]}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # lm --dtype: the model cast, as --bf16
 ENCODER = ("softmax", "sdpa", "rfa", "favor", "lara")
 SETTINGS = {  # mode: (variants, default variants, sizes, sizes with --tiny)
     "lm": (list(LM), list(LM)[:4], dict(lengths=[256, 512, 1024, 4096, 8192], tokens_per_batch=8192, layers=6,
@@ -96,7 +100,7 @@ def build(args, variant, flags):
     parsed = options.parse_args_and_arch(options.get_training_parser(), flags + ["--user-dir", harness.user_dir()])
     torch.manual_seed(0)
     task = tasks.setup_task(parsed)
-    model = task.build_model(parsed).to(args.device).train()
+    model = task.build_model(parsed).to(args.device, DTYPES[getattr(args, "dtype", "fp32")]).train()
     if variant == "sdpa":
         for layer in model.decoder.layers:
             layer.self_attn = SDPAAttention(layer.self_attn, causal=True)
@@ -118,7 +122,7 @@ def lm_step(args, variant, length):
     model, task, _ = build_lm(args, variant, max(args.lengths))
     d, g, batch = task.source_dictionary, torch.Generator().manual_seed(length), max(1, args.tokens_per_batch // length)
     tokens = torch.randint(d.nspecial, len(d), (batch, length), generator=g).to(args.device)
-    target = torch.randn(batch, length, args.embed_dim, generator=g).to(args.device)
+    target = torch.randn(batch, length, args.embed_dim, generator=g).to(args.device, DTYPES[args.dtype])
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -278,6 +282,8 @@ def parse_args(argv=None):
         sub.add_argument("--tiny", action="store_true", help="small sizes (for tests)")
     modes.choices["encoder"].add_argument("--max-memory-gb", type=float, default=10.0,
                                           help="skip softmax where its attention matrices would need more")
+    modes.choices["lm"].add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                                     help="the model's dtype (fairseq's --bf16 / --fp16 cast the model so)")
     modes.choices["chunk"].add_argument("--passes", nargs="+", choices=["train", "infer"], default=["train", "infer"])
     args = p.parse_args(argv)
     sub = modes.choices[args.mode]

@@ -11,6 +11,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from .ops import DEFAULT_EPS, KERNELS, RANDOM_MATRICES
 from .ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
+from .ops.causal_rfa.fla import BACKENDS
 from .validation import finite, flag, non_negative_int, one_of, positive_finite, positive_int
 
 __all__ = ["RFAConfig", "RFA_FIELDS", "fill_rfa_defaults", "flag", "rfa_config_from", "refuse_changed"]
@@ -84,6 +85,13 @@ class RFAConfig(FairseqDataclass):
                           "estimate, older keys by the features; decoding keeps those W keys beside the state "
                           "(0: off; docs/quality.md)"},
     )
+    rfa_backend: ChoiceEnum(list(BACKENDS)) = field(
+        default="auto",
+        metadata={"help": "kernels of causal RFA in training and scoring: torch (the chunked form, any device), fla "
+                          "(flash-linear-attention's Triton kernels: pip install .[gpu]) or auto (fla on a CUDA "
+                          "device where fla-core is installed and its Triton is one fla trains with, else torch; "
+                          "docs/benchmarks.md). Decoding steps and --rfa-local-window are torch's"},
+    )
     rfa_recompute: bool = field(
         default=False,
         metadata={"help": "in training, keep only the input of every causal RFA attention (q, k, v of cross "
@@ -142,6 +150,10 @@ def rfa_config_from(args) -> RFAConfig:
     non_negative_int(flag("rfa_recompute_segment"), values["rfa_recompute_segment"])
     if non_negative_int(flag("rfa_local_window"), values["rfa_local_window"]) and values["rfa_kernel"] == "elu":
         raise ValueError("--rfa-local-window needs a random-feature kernel: elu's features are exact already")
+    values["rfa_backend"] = one_of(flag("rfa_backend"), values["rfa_backend"], BACKENDS)
+    if values["rfa_backend"] == "fla" and values["rfa_local_window"]:
+        raise ValueError("--rfa-backend fla has no local window: use --rfa-backend torch or auto with "
+                         "--rfa-local-window")
     return RFAConfig(**values)
 
 

@@ -32,6 +32,7 @@ try:
     import torch, fairseq, sacrebleu, sacremoses, sentencepiece, pytest, hypothesis, matplotlib  # noqa
     m.version("rfa_fairseq")
     m.version("ctranslate2")  # optional, below: where it cannot install, setup runs its install steps every time
+    m.version("fla-core")  # optional too
     print(m.version("fairseq-fixed"))
 except Exception:
     pass
@@ -59,4 +60,8 @@ pip_install "hydra-core==1.3.2" "omegaconf==2.3.0" regex sacrebleu sacremoses tq
 pip_install --no-build-isolation --no-deps -e .
 # optional, pinned as setup.py's "bench" extra: CTranslate2 for bench/decode.py (tests skip its cases without it)
 pip_install "ctranslate2==4.8.5" || echo "[setup] warning: ctranslate2 4.8.5 did not install; bench/decode.py runs without it"
+# optional, pinned as setup.py's "gpu" extra: fla-core's kernels for --rfa-backend fla (the tests run them in
+# Triton's interpreter on a CPU); a triton that came with a CUDA torch is kept
+"$PY" -c "import triton" 2>/dev/null || pip_install "triton==3.7.1" || echo "[setup] warning: triton did not install"
+pip_install --no-deps "fla-core==0.6.0" einops || echo "[setup] warning: fla-core did not install; --rfa-backend fla is unavailable"
 "$PY" -c "import torch, fairseq, rfa_fairseq; print('[setup] ok: torch', torch.__version__, '| fairseq', fairseq.__version__, '| rfa_fairseq', rfa_fairseq.__version__)"

@@ -126,3 +126,32 @@ def cpu_flags():
 def has_x86_64_v3() -> bool:
     flags = cpu_flags()
     return platform.machine() == "x86_64" and flags is not None and X86_64_V3_FLAGS <= flags
+
+
+def fla_on_this_machine():
+    """Make fla-core's kernels runnable here, or skip the calling test where fla-core is not installed.
+
+    Without CUDA they run in Triton's interpreter (``TRITON_INTERPRET=1``, set before fla is first
+    imported), with two adaptations for it, for the tests alone: the autotuner, which times its
+    configurations through a GPU driver, takes the first configuration untimed; and the state kernels'
+    loop indices, plain Python ints in the interpreter, become Triton tensors (fla calls ``i_t.to(...)``)."""
+    import pytest
+
+    from rfa_fairseq.ops.causal_rfa.fla import fla_installed
+
+    if not fla_installed():
+        pytest.skip("fla-core and Triton are not installed (pip install .[gpu])")
+    if torch.cuda.is_available():
+        return
+    if "fla" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("fla was imported before TRITON_INTERPRET=1 was set")
+    import builtins
+
+    import fla.ops.common.chunk_h as chunk_h
+    from triton.runtime import autotuner
+    from triton.runtime.interpreter import _implicit_cvt
+
+    autotuner.Autotuner.do_bench = property(lambda self: lambda fn, quantiles=None: [0.0, 0.0, 0.0])
+    chunk_h.range = lambda *args: (_implicit_cvt(i) for i in builtins.range(*args))

@@ -22,9 +22,10 @@ from torch.utils.checkpoint import checkpoint
 
 from ..ops import chunk_causal_rfa, gaussian_step_features, recurrent_causal_rfa_step
 from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
+from ..ops.causal_rfa.fla import BACKENDS, fla_causal_rfa, fla_chosen
 from ..ops.causal_rfa.window import WindowState, empty_window_state, window_causal_rfa, window_causal_rfa_step
 from ..ops.denominator import DEFAULT_EPS, as_dtype, compute_dtype
-from ..validation import non_negative_int
+from ..validation import non_negative_int, one_of
 from .beam import BeamLayout
 from .heads import merge_heads, split_heads
 from .random_feature_map import RandomFeatureMap
@@ -49,6 +50,10 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             grows with the length by the input alone. 0: no segments.
         local_window: ``W > 0``: each query weighs its last ``W`` keys by the exact kernel, older keys by their
             features (``ops/causal_rfa/window.py``); the incremental state then also keeps those keys and values.
+        backend: the kernels of a multi-token call: ``torch`` (the chunked form, any device), ``fla``
+            (fla-core's Triton kernels, ``ops/causal_rfa/fla.py``; their memory is linear in the length, so no
+            segments are recomputed) or ``auto`` (fla where ``ops.causal_rfa.fla.fla_chosen`` says). One-token
+            steps and the local window are torch's on every backend.
     """
 
     STATE_KEY = "causal_rfa"
@@ -56,12 +61,16 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, gate: bool = False,
                  bias: bool = True, eps: float = DEFAULT_EPS, chunk_size: int = DEFAULT_CHUNK_SIZE,
                  recompute: bool = False, gate_form: str = "convex", gate_bias: float = 2.0,
-                 recompute_segment: int = DEFAULT_RECOMPUTE_SEGMENT, local_window: int = 0):
+                 recompute_segment: int = DEFAULT_RECOMPUTE_SEGMENT, local_window: int = 0, backend: str = "torch"):
         super().__init__(embed_dim, num_heads, feature_map, bias=bias, eps=eps, recompute=recompute)
         if gate_form not in GATE_FORMS:
             raise ValueError(f"gate_form must be one of {GATE_FORMS}, got {gate_form!r}")
         non_negative_int("recompute_segment", recompute_segment)
         self.local_window = non_negative_int("local_window", local_window)
+        self.backend = one_of("backend", backend, BACKENDS)
+        if self.backend == "fla" and self.local_window:
+            raise ValueError("the fla backend has no local window: use --rfa-backend torch or auto with "
+                             "--rfa-local-window")
         self.chunk_size, self.recompute_segment = chunk_size, recompute_segment
         self.gated, self.convex = gate, gate_form == "convex"
         self.gate_proj = nn.Linear(embed_dim, num_heads) if gate else None
@@ -116,8 +125,13 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
                                      self.local_window, state, output_final_state, pad, eps=self.eps,
                                      convex=self.convex, chunk_size=self.chunk_size)
         q, k, v, log_g = self._project(x, key_padding_mask, random_matrix)
+        if self._fla(x):
+            return fla_causal_rfa(q, k, v, log_g, state, output_final_state, eps=self.eps, convex=self.convex)
         return chunk_causal_rfa(q, k, v, log_g, state, output_final_state, eps=self.eps, convex=self.convex,
                                 chunk_size=self.chunk_size)
+
+    def _fla(self, x: Tensor) -> bool:
+        return not self.local_window and fla_chosen(self.backend, x.device, self.gated)
 
     def _tokens(self, x: Tensor, key_padding_mask: Optional[Tensor], state: Optional[Tensor] = None,
                 output_final_state: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
@@ -127,7 +141,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         step's random matrix. Keeping ``x`` rather than the heads brings training memory to softmax's
         (fairseq's attention keeps ``x``, ``q``, ``k``, ``v`` and its output; this, ``x`` and the output)."""
         T = x.size(0)
-        segment = self.recompute_segment or T
+        segment = T if self._fla(x) else self.recompute_segment or T
         if not torch.is_grad_enabled() or not (self.recompute or T > segment):
             return self._segment(x, key_padding_mask, None, state, output_final_state)
         random_matrix = self.feature_map.matrix_for_recompute()

@@ -37,6 +37,16 @@ def test_lm_rows_and_ratios():
         assert r["ratio_sdpa"] == pytest.approx(r["tokens_per_s"] / by[("sdpa", r["length"])]["tokens_per_s"])
 
 
+def test_dtype_casts_the_model_and_backend_variants_name_their_kernels():
+    args = train.parse_args(["lm", "--dtype", "bf16"] + COMMON)
+    model = train.build_lm(args, "rfa_gate_torch", 32)[0]
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {layer.self_attn.backend for layer in model.decoder.layers} == {"torch"}
+    assert {layer.self_attn.backend for layer in train.build_lm(args, "rfa_gate_fla", 32)[0].decoder.layers} == {"fla"}
+    rows = train.main(["lm", "--lengths", "16", "--variants", "sdpa", "rfa_gate_torch", "--dtype", "bf16"] + COMMON)
+    assert all(r["seconds"] > 0 for r in rows)
+
+
 def test_recompute_variants_train_with_recompute():
     args = train.parse_args(["lm"] + COMMON)
     for variant, gate, recompute in [("rfa_gate", True, False), ("rfa_recompute", False, True)]:

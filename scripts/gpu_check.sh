@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What rfa_fairseq does on this machine's NVIDIA GPU: the GPU tests (fla's kernels against the naive loop, the
+# models' loss and gradients across --rfa-backend), then the GPU benchmarks of docs/benchmarks.md, their JSON
+# and one markdown table in work/gpu_check/ (or the folder given).
+#
+#   bash scripts/gpu_check.sh [OUT]        # Python: $PYTHON, else .venv's, else python3
+#
+# Needs the stack with a CUDA torch (RFA_USE_CURRENT_ENV=1 bash scripts/setup_env.sh, or pip install .[gpu]
+# beside it). Training: the 6 x 512 LM in bf16, 16,384 tokens per step from 2,048 to 16,384 tokens per sequence,
+# fairseq softmax, the SDPA baseline and RFA-Gate on torch's and fla's kernels. Decoding: one LM sequence to
+# 4,096 tokens, greedy, and beam-4 translation of 8 sources to 512 tokens, softmax against RFA-Gate.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-work/gpu_check}
+PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+mkdir -p "$OUT"
+"$PY" - <<'EOF'
+import sys, torch
+if not torch.cuda.is_available():
+    sys.exit("scripts/gpu_check.sh needs an NVIDIA GPU that torch sees (torch.cuda.is_available() is False)")
+print(f"[gpu_check] {torch.cuda.get_device_name()} | torch {torch.__version__}", flush=True)
+EOF
+"$PY" -c "import triton, fla; print('[gpu_check] triton', triton.__version__, '| fla-core', fla.__version__)" \
+  || echo "[gpu_check] fla-core is not installed: the fla rows will fail (pip install .[gpu])"
+
+"$PY" -m pytest -q -p no:cacheprovider tests/gpu tests/ops/test_fla.py tests/models/test_backends.py \
+  2>&1 | tee "$OUT/tests.log" | tail -n 3
+"$PY" bench/train.py lm --device cuda --dtype bf16 --variants softmax sdpa rfa_gate_torch rfa_gate_fla \
+  --lengths 2048 4096 8192 16384 --tokens-per-batch 16384 --repeats 3 --max-seconds 60 --out "$OUT/train_lm_bf16.json"
+"$PY" bench/decode.py synthetic --device cuda --task lm --batch 1 --lengths 512 4096 --models softmax rfa_gate \
+  --repeats 3 --out "$OUT/decode_lm_b1.json"
+"$PY" bench/decode.py synthetic --device cuda --task translation --batch 8 --beam 4 --lengths 512 \
+  --models softmax rfa_gate_softcross --repeats 3 --out "$OUT/decode_translation_b8.json"
+"$PY" bench/report.py "$OUT"/train_lm_bf16.json "$OUT"/decode_lm_b1.json "$OUT"/decode_translation_b8.json \
+  --out "$OUT/table.md"
+cat "$OUT/table.md"
