@@ -1,6 +1,14 @@
 """Fixtures shared by the tests (helpers live in rfa_test_utils.py)."""
+import os
+
 import pytest
 import torch
+
+# Without a GPU, fla-core's kernels run in Triton's interpreter (rfa_test_utils.fla_on_this_machine). Triton reads
+# TRITON_INTERPRET when its modules are first imported, which other tests' imports (torch's DDP, for one) may do
+# before any fla test runs: so it is set here, before any test module is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from rfa_test_utils import TINY_DECODER, TINY_ENCODER, TINY_MODEL, build_from_cli, write_dict
 

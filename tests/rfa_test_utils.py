@@ -131,8 +131,8 @@ def has_x86_64_v3() -> bool:
 def fla_on_this_machine():
     """Make fla-core's kernels runnable here, or skip the calling test where fla-core is not installed.
 
-    Without CUDA they run in Triton's interpreter (``TRITON_INTERPRET=1``, set before fla is first
-    imported), with two adaptations for it, for the tests alone: the autotuner, which times its
+    Without CUDA they run in Triton's interpreter (``TRITON_INTERPRET=1``, which tests/conftest.py sets before
+    anything imports Triton), with two adaptations for it, for the tests alone: the autotuner, which times its
     configurations through a GPU driver, takes the first configuration untimed; and the state kernels'
     loop indices, plain Python ints in the interpreter, become Triton tensors (fla calls ``i_t.to(...)``)."""
     import pytest
@@ -143,10 +143,8 @@ def fla_on_this_machine():
         pytest.skip("fla-core and Triton are not installed (pip install .[gpu])")
     if torch.cuda.is_available():
         return
-    if "fla" not in sys.modules:
-        os.environ["TRITON_INTERPRET"] = "1"
-    elif os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("fla was imported before TRITON_INTERPRET=1 was set")
+    if os.environ.get("TRITON_INTERPRET") != "1":  # tests/conftest.py sets it before anything imports Triton
+        pytest.fail("TRITON_INTERPRET=1 must be set before Triton is first imported")
     import builtins
 
     import fla.ops.common.chunk_h as chunk_h
