@@ -53,6 +53,7 @@ VARIANTS = {  # name: (results/quality.py's variant, extra flags)
     "enc_rfa": ("enc_rfa", []),  # an RFA encoder too: sources of hundreds of tokens
     # RFA-Gate with its last W keys by the exact kernel (--rfa-local-window)
     **{f"gate_window{w}": ("gate_softcross", ["--rfa-local-window", str(w)]) for w in (16, 32, 64, 128)},
+    "gate_window0": ("gate_softcross", []),  # gate_softcross trained again with the windows' code: their paired seed 1
 }
 DEFAULT_VARIANTS = ["softmax", "gate_softcross"]
 METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [
