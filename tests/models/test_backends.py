@@ -33,6 +33,7 @@ def assert_same(a, b):
         torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-4 * scale + 1e-8, msg=name)
 
 
+@pytest.mark.slow  # Triton's interpreter: about 15 s each on the CPU
 @pytest.mark.parametrize("gate", GATES)
 def test_lm_loss_and_gradients_equal_across_backends(lm_model, gate):
     fla_on_this_machine()
@@ -49,6 +50,7 @@ def test_lm_loss_and_gradients_equal_across_backends(lm_model, gate):
     assert_same(loss_and_grads(model, "torch", run), loss_and_grads(model, "fla", run))
 
 
+@pytest.mark.slow
 def test_translation_loss_and_gradients_equal_across_backends(translation_model):
     fla_on_this_machine()
     task, model = translation_model("--rfa-fixed-features", "--rfa-gate")
