@@ -12,6 +12,7 @@ The kernels compute in fp32 inside, but hand the numerators and the denominator 
 ``K + 1`` is odd (fla's half-precision backward wants even sizes). On a CPU the kernels run only under
 Triton's interpreter (``TRITON_INTERPRET=1``, set before fla is imported), as the tests do.
 """
+import functools
 import importlib.util
 import os
 from typing import Optional, Tuple
@@ -25,8 +26,9 @@ FLA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BACKENDS = ("auto", "torch", "fla")  # --rfa-backend
 
 
+@functools.lru_cache(maxsize=None)
 def fla_installed() -> bool:
-    """Whether fla-core and Triton can be imported (without importing them)."""
+    """Whether fla-core and Triton can be imported (without importing them); looked up once, not per forward."""
     return all(importlib.util.find_spec(name) is not None for name in ("fla", "triton"))
 
 
