@@ -22,6 +22,7 @@ from fairseq.dataclass import FairseqDataclass
 from torch import nn
 
 from .modules import CausalRFAttention
+from .models.step_graphs import StepGraphs
 from .modules.int8_linear import quantize_linears_
 from .ops import gaussian_step_weights
 
@@ -34,6 +35,12 @@ class InferenceConfig(FairseqDataclass):
                           "layers in int8, one scale per output row, as CTranslate2's int8 compute type "
                           "(rfa_fairseq/inference.py). Training ignores it; for a trained checkpoint: "
                           "--model-overrides \"{'int8_inference': True}\""},
+    )
+    cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "at inference on a CUDA device, every decoding step after the first replayed as one CUDA "
+                          "graph, one per batch size and state layout (rfa_fairseq/models/step_graphs.py); RFA "
+                          "decoders only. For a trained checkpoint: --model-overrides \"{'cuda_graphs': True}\""},
     )
 
 
@@ -67,11 +74,13 @@ def to_decoding_form_(model: nn.Module, int8: bool = False) -> nn.Module:
 
 class InferenceMixin:
     """Model mixin: ``prepare_for_inference_`` converts the model to its decoding form, with int8
-    layers when it was built with ``--int8-inference`` (``self.int8_inference``, set by
-    ``build_model``)."""
+    layers when it was built with ``--int8-inference`` and graphs of the decoding step with
+    ``--cuda-graphs`` (``self.int8_inference``, ``self.cuda_graphs``: set by ``build_model``)."""
 
-    int8_inference = False
+    int8_inference = cuda_graphs = False
 
     def prepare_for_inference_(self, cfg):
         super().prepare_for_inference_(cfg)  # fairseq's: evaluation mode, no training after it
         to_decoding_form_(self, self.int8_inference)
+        if self.cuda_graphs:
+            self.decoder.step_graphs = StepGraphs(self.decoder)

@@ -153,3 +153,19 @@ def fla_on_this_machine():
 
     autotuner.Autotuner.do_bench = property(lambda self: lambda fn, quantiles=None: [0.0, 0.0, 0.0])
     chunk_h.range = lambda *args: (_implicit_cvt(i) for i in builtins.range(*args))
+
+
+def fx_capture(step, warmup, state, pool=None):
+    """A CUDA graph's capture (``models/step_graphs.capture_cuda_graph``'s signature) emulated on any device:
+    ``step`` traced once into an operator graph (torch.fx, real tensors). As in a CUDA graph, the tensors
+    it reads and writes are those of the capture (the same objects, so in-place writes reach the live
+    state) and every Python value is frozen; the trace ran the step, so the state is put back as it was,
+    as a capture, which runs nothing, leaves it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    warmup()
+    saved = [t.clone() for t in state]
+    graph = make_fx(step)()
+    for t, s in zip(state, saved):
+        t.copy_(s)
+    return graph

@@ -9,6 +9,7 @@ the source's keys and values per sentence in beam search.
 from typing import Optional
 
 import torch
+from torch import Tensor, nn
 from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
@@ -113,6 +114,7 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                  output_projection=None, cross_attention: str = "rfa", decoding_attention: bool = False):
         self.rfa, self.cross_attention = rfa, cross_attention
         self._layers_built = 0
+        self.step_graphs = None  # models/step_graphs.StepGraphs, set by rfa_fairseq.inference (--cuda-graphs)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection, decoding_attention=decoding_attention)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
@@ -126,31 +128,85 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                 stream_state: Optional[IncrementalState] = None, **kwargs):
         """fairseq's forward; with ``stream_state`` (a stateful LM: a dict in fairseq's incremental-state
         layout, ``{}`` at a stream's start), ``prev_output_tokens [B, T]`` is the next block of B text streams:
-        every causal RFA layer continues its state there (not detached). Positions restart at the block."""
+        every causal RFA layer continues its state there (not detached). Positions restart at the block.
+        A decoding step after the first goes through :meth:`forward_step` (replayed as a CUDA graph with
+        ``step_graphs``); the first step, which builds the states, is fairseq's."""
         if stream_state is None:
+            if self._takes_step(prev_output_tokens, incremental_state, features_only, kwargs):
+                tokens, position = prev_output_tokens[:, -1:], self._position_index(prev_output_tokens)
+                out = None if self.step_graphs is None else self.step_graphs(tokens, position, encoder_out,
+                                                                             incremental_state)
+                if out is None:
+                    out = self.forward_step(tokens, torch.full((1,), position, device=tokens.device), encoder_out,
+                                            incremental_state)
+                return out, {"attn": [None], "inner_states": None}
             return super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)
         if incremental_state is not None or encoder_out is not None or kwargs.get("return_all_hiddens"):
             raise ValueError("stream_state continues text streams in a language model: it takes neither an "
                              "incremental state, an encoder output nor return_all_hiddens")
-        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        positions = None if self.embed_positions is None else self.embed_positions(prev_output_tokens)
+        x = self._embed(prev_output_tokens, positions)
+        pad = prev_output_tokens.eq(self.padding_idx)  # pads neither write nor decay the state
+        for layer in self.layers:
+            x, _, _ = layer(x, None, None, stream_state, self_attn_padding_mask=pad)
+        x = self._features(x)
+        return (x if features_only else self.output_layer(x)), {"attn": [None], "inner_states": [x]}
+
+    def forward_step(self, tokens: Tensor, position: Tensor, encoder_out, incremental_state: IncrementalState) -> Tensor:
+        """One decoding step after the first: ``tokens [B, 1]`` (no pad) at ``position`` (``[1]``, the row of
+        the position table: ``padding_idx`` + the tokens so far), every layer's state already in
+        ``incremental_state``. Returns ``output_layer``'s output ``[B, 1, V]``, as fairseq's forward.
+
+        Graph-ready: it writes the causal states in place, reads the source only through the cross
+        attention's state (``encoder_out`` is passed on for fairseq's layer, which skips cross attention
+        without it, and is not read), reads no value back to the host and keeps nothing it allocates, so a
+        CUDA graph of it replays a step exactly (``models/step_graphs.py``)."""
+        positions = None
+        if self.embed_positions is not None:
+            positions = self._position_table().index_select(0, position)  # [1, C], the same for every row
+        x = self._embed(tokens, positions)
+        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+        for layer in self.layers:
+            x, _, _ = layer(x, enc, None, incremental_state)
+        return self.output_layer(self._features(x))
+
+    def _takes_step(self, prev_output_tokens, incremental_state, features_only, kwargs) -> bool:
+        """A decoding step after the first, with nothing asked of it but the output: :meth:`forward_step`'s.
+        (The first step builds the states; a pad takes fairseq's masked path; weights need fairseq's.)"""
+        return (bool(incremental_state) and not features_only and not kwargs and not self.decoding_attention
+                and not prev_output_tokens[:, -1].eq(self.padding_idx).any())
+
+    def _position_index(self, prev_output_tokens) -> int:
+        """The position table's row of the last of ``prev_output_tokens``, as fairseq's embeddings count in decoding;
+        a sinusoidal table too short for it grows (fairseq's embedding does that when called)."""
+        index = self.padding_idx + prev_output_tokens.size(1)
+        if self.embed_positions is not None and index >= self._position_table().size(0):
+            self.embed_positions(prev_output_tokens, incremental_state={})
+        return index
+
+    def _position_table(self) -> Tensor:
+        ep = self.embed_positions
+        return ep.weight if isinstance(ep, nn.Embedding) else ep.weights  # learned, or sinusoidal
+
+    def _embed(self, tokens: Tensor, positions: Optional[Tensor]) -> Tensor:
+        """fairseq's embedding of ``tokens [B, T]`` with ``positions`` (broadcast to ``[B, T, C]``): ``[T, B, C]``."""
+        x = self.embed_scale * self.embed_tokens(tokens)
         if self.quant_noise is not None:
             x = self.quant_noise(x)
         if self.project_in_dim is not None:
             x = self.project_in_dim(x)
-        if self.embed_positions is not None:
-            x = x + self.embed_positions(prev_output_tokens)
+        if positions is not None:
+            x = x + positions
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
-        x = self.dropout_module(x).transpose(0, 1)
-        pad = prev_output_tokens.eq(self.padding_idx)  # pads neither write nor decay the state
-        for layer in self.layers:
-            x, _, _ = layer(x, None, None, stream_state, self_attn_padding_mask=pad)
+        return self.dropout_module(x).transpose(0, 1)
+
+    def _features(self, x: Tensor) -> Tensor:
+        """The last layer's ``[T, B, C]`` to fairseq's features ``[B, T, C']``."""
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         x = x.transpose(0, 1)
-        if self.project_out_dim is not None:
-            x = self.project_out_dim(x)
-        return (x if features_only else self.output_layer(x)), {"attn": [None], "inner_states": [x]}
+        return x if self.project_out_dim is None else self.project_out_dim(x)
 
     def buffered_future_mask(self, tensor):
         """None: RFA is causal by construction, and fairseq's T x T mask would only cost O(T^2) memory."""

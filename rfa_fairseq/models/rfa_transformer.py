@@ -55,6 +55,7 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
                             "--encoder-embed-dim", "--encoder-attention-heads")
         model = super().build_model(args, task)
         model.int8_inference = bool(getattr(args, "int8_inference", None))
+        model.cuda_graphs = bool(getattr(args, "cuda_graphs", None))
         return model
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
@@ -102,6 +103,7 @@ def rfa_base_architecture(args):
     fill_rfa_defaults(args)
     fill_attention_defaults(args)
     args.int8_inference = bool(getattr(args, "int8_inference", None))
+    args.cuda_graphs = bool(getattr(args, "cuda_graphs", None))
     base_architecture(args)
 
 

@@ -47,6 +47,7 @@ class RFATransformerLanguageModel(InferenceMixin, TransformerLanguageModel):
         )
         model = cls(decoder)
         model.int8_inference = bool(safe_getattr(args, "int8_inference", False))
+        model.cuda_graphs = bool(safe_getattr(args, "cuda_graphs", False))
         return model
 
     def set_beam_size(self, beam_size):

@@ -1,0 +1,124 @@
+"""A decoding step replayed as one CUDA graph (``--cuda-graphs``).
+
+A decoding step of a small batch is hundreds of small kernels, each launched from Python: on a GPU the
+launches, not the arithmetic, set its time. RFA's decoding state never changes size, so the step
+(:meth:`RFATransformerDecoder.forward_step`) can be captured once as a CUDA graph and replayed with one
+launch, as Mamba's generation does with its static cache.
+
+A graph reads and writes the memory it was captured on. So a graph here is keyed by the batch size and
+by the address, shape and dtype of every tensor of the incremental state (and of the position table):
+a step whose state lies where a graph's did replays that graph, after copying its tokens and position
+into the graph's input buffers. Beam search's reorder alternates the causal states between two buffers
+(``CausalRFAttention.reorder_incremental_state``), so a batch size takes two graphs; a finished sentence
+shrinks the batch and moves the states, and the new layout is captured when it is seen a second time
+(a layout seen once runs eagerly). At most ``max_graphs`` are kept, the least recently used dropped.
+
+Capture runs the step once on copies of the state (a warm-up on a side stream: CUDA's lazy
+initialisation must not happen under capture), then records it on the live state without running it;
+the replay is the step. On the CPU, and under autograd, steps run eagerly.
+"""
+from collections import OrderedDict
+from typing import Callable, Dict, List, Optional
+
+import torch
+from torch import Tensor, nn
+
+Replay = Callable[[], Tensor]
+
+
+def capture_cuda_graph(step: Callable[[], Tensor], warmup: Callable[[], Tensor], state: List[Tensor],
+                       pool) -> Replay:
+    """``step`` as a CUDA graph in ``pool``: the replay runs it and returns its output (the same tensor each time)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        warmup()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = step()
+
+    def replay() -> Tensor:
+        graph.replay()
+        return out
+    return replay
+
+
+class StepGraphs:
+    """CUDA graphs of ``decoder.forward_step``, one per batch size and state layout (see the module docstring).
+
+    Args:
+        decoder: an :class:`RFATransformerDecoder`.
+        capture: how a step is captured: :func:`capture_cuda_graph`, or (tests) another function of the same
+            signature, used on every device.
+    """
+
+    def __init__(self, decoder: nn.Module, capture: Optional[Callable[..., Replay]] = None, max_graphs: int = 16):
+        check_capturable(decoder)
+        self.decoder, self.capture, self.max_graphs = decoder, capture, max_graphs
+        self.graphs: "OrderedDict[tuple, tuple]" = OrderedDict()  # key -> (tokens buffer, position buffer, replay)
+        self.seen_once: set = set()
+        self.pool = None
+
+    def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state) -> Optional[Tensor]:
+        """The step's output from a graph, or None where the step is to run eagerly."""
+        if torch.is_grad_enabled() or (self.capture is None and not tokens.is_cuda):
+            return None
+        key = self._key(tokens, incremental_state)
+        entry = self.graphs.get(key)
+        if entry is None:
+            if key not in self.seen_once:
+                if len(self.seen_once) > 4 * self.max_graphs:
+                    self.seen_once.clear()
+                self.seen_once.add(key)
+                return None
+            self.seen_once.discard(key)
+            entry = self.graphs[key] = self._capture(tokens, encoder_out, incremental_state)
+            if len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+        self.graphs.move_to_end(key)
+        token_buffer, position_buffer, replay = entry
+        token_buffer.copy_(tokens)
+        position_buffer.fill_(position)
+        return replay()
+
+    def _key(self, tokens: Tensor, incremental_state) -> tuple:
+        state = tuple((name, field, t.data_ptr(), t.shape, t.dtype) for name, fields in incremental_state.items()
+                      for field, t in fields.items() if t is not None)
+        table = self.decoder._position_table() if self.decoder.embed_positions is not None else None
+        return (tokens.shape, tokens.device, None if table is None else table.data_ptr(), state)
+
+    def _capture(self, tokens: Tensor, encoder_out, incremental_state):
+        token_buffer = tokens.clone()
+        position_buffer = torch.zeros(1, dtype=torch.long, device=tokens.device)
+        if self.pool is None and tokens.is_cuda:
+            self.pool = torch.cuda.graph_pool_handle()
+        copies = {name: {f: None if t is None else t.clone() for f, t in fields.items()}
+                  for name, fields in incremental_state.items()}
+        state = [t for fields in incremental_state.values() for t in fields.values() if t is not None]
+        step = self.decoder.forward_step
+        replay = (self.capture or capture_cuda_graph)(
+            lambda: step(token_buffer, position_buffer, encoder_out, incremental_state),
+            lambda: step(token_buffer, position_buffer, encoder_out, copies), state, self.pool)
+        return token_buffer, position_buffer, replay
+
+
+def check_capturable(decoder: nn.Module):
+    """Refuse, by name, what a graph of the step cannot replay."""
+    from ..modules import CausalRFAttention
+
+    if not hasattr(decoder, "forward_step"):
+        raise ValueError("--cuda-graphs replays RFA's fixed-size decoding step: it needs an RFA decoder "
+                         "(not --decoder-attention softmax, whose cache grows every step)")
+    if not isinstance(decoder.embed_tokens, nn.Embedding):
+        raise ValueError(f"--cuda-graphs: the token embedding {type(decoder.embed_tokens).__name__} (--adaptive-input, "
+                         "--character-embeddings) reads its masks back to the host and cannot be captured")
+    if any(isinstance(m, CausalRFAttention) and m.local_window for m in decoder.modules()):
+        raise ValueError("--cuda-graphs: the local window's ring position (--rfa-local-window) is kept on the host "
+                         "and cannot be captured")
+
+
+def state_tensors(incremental_state) -> Dict[str, Tensor]:
+    """Every tensor of an incremental state, by ``module key/field`` (tests)."""
+    return {f"{name}/{field}": t for name, fields in incremental_state.items() for field, t in fields.items()
+            if t is not None}

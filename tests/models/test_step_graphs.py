@@ -1,0 +1,164 @@
+"""The graph-ready decoding step (``RFATransformerDecoder.forward_step``) and its graphs (``--cuda-graphs``).
+
+On the CPU a CUDA graph is emulated by ``fx_capture`` (tests/rfa_test_utils.py): the step traced once into
+an operator graph whose tensors are the ones it touched at capture and whose Python values (a position,
+a shape) are frozen, then replayed; as a CUDA graph, it is right only if everything a step depends on is
+in its input buffers and in state at the addresses captured. tests/gpu captures real CUDA graphs.
+"""
+from argparse import Namespace
+
+import pytest
+import torch
+from fairseq.models.transformer import TransformerDecoderBase
+from fairseq.sequence_generator import SequenceGenerator
+
+from rfa_fairseq.inference import to_decoding_form_
+from rfa_fairseq.models.step_graphs import StepGraphs
+
+from rfa_test_utils import fx_capture, random_tokens
+
+GENERATE_CFG = Namespace(generation=Namespace(beam=4))  # what prepare_for_inference_ reads of fairseq-generate's
+# (flags, EOS boost): the boost makes sentences finish at different steps, so the batch shrinks and the states move
+TRANSLATION = [pytest.param(["--rfa-gate"], 3.0, id="rfa-gate"),
+               pytest.param(["--rfa-gate", "--cross-attention", "softmax"], 3.0, id="gate-softmax-cross"),
+               pytest.param(["--decoder-learned-pos"], 2.0, id="rfa-learned-positions")]
+
+
+def _source(task, batch, length=9, seed=0):
+    src = random_tokens(task.source_dictionary, batch, length, torch.Generator().manual_seed(seed))
+    src[:, -1] = task.source_dictionary.eos()
+    return {"id": torch.arange(batch), "net_input": {"src_tokens": src, "src_lengths": torch.full((batch,), length)}}
+
+
+def _translation(translation_model, extra, eos_boost=3.0):
+    task, model = translation_model(*extra, rfa_flags="--cross-attention" not in extra)
+    model.eval()
+    with torch.no_grad():
+        model.decoder.output_projection.weight[task.target_dictionary.eos()] *= eos_boost
+    return task, model
+
+
+class Counted:
+    """``fx_capture``, counting captures and replays."""
+
+    def __init__(self):
+        self.captures = self.replays = 0
+
+    def __call__(self, *args):
+        self.captures += 1
+        graph = fx_capture(*args)
+
+        def replay():
+            self.replays += 1
+            return graph()
+        return replay
+
+
+def _same_hypotheses(a, b):
+    for nbest_a, nbest_b in zip(a, b, strict=True):
+        for x, y in zip(nbest_a, nbest_b, strict=True):
+            assert torch.equal(x["tokens"], y["tokens"])
+            torch.testing.assert_close(x["positional_scores"], y["positional_scores"], rtol=0, atol=1e-6)
+
+
+def _generate_both_ways(task, model, sample, beam, max_graphs=16, **kwargs):
+    """(eager hypotheses, graphed hypotheses, the capture counter, batch sizes the steps saw)."""
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_b=30, min_len=1)
+    with torch.no_grad():
+        eager = gen.forward(sample, **kwargs)
+    counter, rows, forward = Counted(), set(), model.decoder.forward
+
+    def spy(tokens, *a, **kw):
+        rows.add(tokens.size(0))
+        return forward(tokens, *a, **kw)
+    model.decoder.step_graphs = StepGraphs(model.decoder, capture=counter, max_graphs=max_graphs)
+    model.decoder.forward = spy
+    with torch.no_grad():
+        graphed = gen.forward(sample, **kwargs)
+    return eager, graphed, counter, rows
+
+
+@pytest.mark.parametrize("extra,eos_boost", TRANSLATION)
+@pytest.mark.parametrize("beam", [1, 4])
+def test_graphed_translation_equals_eager(translation_model, extra, eos_boost, beam):
+    task, model = _translation(translation_model, extra, eos_boost)
+    eager, graphed, counter, rows = _generate_both_ways(task, model, _source(task, 6), beam)
+    _same_hypotheses(eager, graphed)
+    assert len(rows) > 1, "no sentence finished early: the states never moved"
+    assert counter.captures >= 2 and counter.replays > counter.captures
+
+
+@pytest.mark.parametrize("extra", [pytest.param([], id="rfa"), pytest.param(["--rfa-gate"], id="rfa-gate")])
+def test_graphed_lm_equals_eager(lm_model, extra):
+    """Prompts continued by beam search, in the decoding form (``prepare_for_inference_``'s fused projections)."""
+    task, model = lm_model(*extra)
+    model.eval()
+    with torch.no_grad():
+        model.decoder.output_projection.weight[task.dictionary.eos()] *= 3.0
+    to_decoding_form_(model)
+    prompts = random_tokens(task.dictionary, 3, 4, torch.Generator().manual_seed(3))
+    sample = {"id": torch.arange(3), "net_input": {"src_tokens": prompts, "src_lengths": torch.full((3,), 4)}}
+    eager, graphed, counter, _ = _generate_both_ways(task, model, sample, 4, prefix_tokens=prompts)
+    _same_hypotheses(eager, graphed)
+    assert counter.replays > 0
+
+
+def test_few_graphs_kept_still_equal(translation_model):
+    """With room for one graph, layouts evict each other and run eagerly until seen twice more."""
+    task, model = _translation(translation_model, ["--rfa-gate"])
+    eager, graphed, counter, _ = _generate_both_ways(task, model, _source(task, 6), 4, max_graphs=1)
+    _same_hypotheses(eager, graphed)
+    assert len(model.decoder.step_graphs.graphs) == 1 and counter.captures > 2
+
+
+@pytest.mark.parametrize("extra", [pytest.param(["--rfa-gate"], id="rfa-gate"),
+                                   pytest.param(["--rfa-gate", "--cross-attention", "softmax"], id="gate-softmax-cross")])
+def test_forward_step_equals_fairseqs_step(translation_model, extra):
+    """Token by token from the same states, the step entry gives fairseq's logits and leaves the same states."""
+    task, model = _translation(translation_model, extra)
+    sample = _source(task, 3)
+    tokens = random_tokens(task.target_dictionary, 3, 12, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        enc = model.encoder(**sample["net_input"])
+        ours, theirs = {}, {}
+        for t in range(tokens.size(1)):
+            a, _ = model.decoder(tokens[:, :t + 1], encoder_out=enc, incremental_state=ours)
+            b, _ = TransformerDecoderBase.forward(model.decoder, tokens[:, :t + 1], encoder_out=enc,
+                                                  incremental_state=theirs)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        for field in ours[key]:
+            torch.testing.assert_close(ours[key][field], theirs[key][field], rtol=1e-5, atol=1e-6)
+
+
+def test_cuda_graphs_flag_runs_eagerly_on_the_cpu(translation_model):
+    """--cuda-graphs (the model flag prepare_for_inference_ reads) keeps CPU decoding as it was."""
+    task, model = _translation(translation_model, ["--rfa-gate", "--cuda-graphs"])
+    assert model.cuda_graphs
+    sample = _source(task, 4)
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=20)
+    with torch.no_grad():
+        eager = gen.forward(sample)
+        model.prepare_for_inference_(GENERATE_CFG)
+        graphed = gen.forward(sample)
+    assert isinstance(model.decoder.step_graphs, StepGraphs) and not model.decoder.step_graphs.graphs
+    for nbest_a, nbest_b in zip(eager, graphed):  # the decoding form fuses the projections: rounding moves
+        assert torch.equal(nbest_a[0]["tokens"], nbest_b[0]["tokens"])
+
+
+@pytest.mark.parametrize("flags,error", [
+    (["--decoder-attention", "softmax", "--cross-attention", "softmax"], "needs an RFA decoder"),
+    (["--rfa-gate", "--rfa-local-window", "4"], "local window"),
+])
+def test_what_a_graph_cannot_replay_is_refused(translation_model, flags, error):
+    _, model = translation_model(*flags, "--cuda-graphs", rfa_flags="--cross-attention" not in flags)
+    with pytest.raises(ValueError, match=error):
+        model.prepare_for_inference_(GENERATE_CFG)
+
+
+def test_adaptive_input_is_refused(lm_model):
+    _, model = lm_model("--adaptive-input", "--adaptive-input-cutoff", "20", "--adaptive-softmax-cutoff", "20",
+                        "--cuda-graphs")
+    with pytest.raises(ValueError, match="adaptive-input"):
+        model.prepare_for_inference_(GENERATE_CFG)
