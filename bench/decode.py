@@ -56,9 +56,13 @@ MODELS = {
                     **{f"rfa_enc_{kind}": RFA_MT + ["--encoder-attention", kind] for kind in ("rfa", "favor", "lara")},
                     # RFA-Gate with a local exact window of W keys (--rfa-local-window)
                     **{f"gate_window{w}": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate", "--rfa-local-window", str(w)]
-                       for w in (16, 32, 64, 128)}},
+                       for w in (16, 32, 64, 128)},
+                    # the decoding step replayed as CUDA graphs (eager on the CPU)
+                    "rfa_gate_graphs": RFA_MT + ["--rfa-gate", "--cuda-graphs"],
+                    "rfa_gate_softcross_graphs": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate", "--cuda-graphs"]},
     "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": ["--arch", "rfa_transformer_lm"] + BASE,
-           "rfa_gate": ["--arch", "rfa_transformer_lm", "--rfa-gate"] + BASE},
+           "rfa_gate": ["--arch", "rfa_transformer_lm", "--rfa-gate"] + BASE,
+           "rfa_gate_graphs": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--cuda-graphs"] + BASE},
 }
 DEFAULTS = {"translation": dict(lengths=[32, 128, 512, 2048, 4096], batch=2, beam=4),
             "lm": dict(lengths=[128, 512, 2048, 8192], batch=1, beam=1)}
@@ -130,6 +134,9 @@ class Contender:
         torch.manual_seed(0)
         self.task = tasks.setup_task(parsed)
         self.model = self.task.build_model(parsed).eval().to(args.device)
+        if getattr(self.model, "cuda_graphs", False):  # as prepare_for_inference_ does, without its other changes
+            from rfa_fairseq.models.step_graphs import StepGraphs
+            self.model.decoder.step_graphs = StepGraphs(self.model.decoder)
         forward = self.model.decoder.forward
 
         def spy(*a, **kw):

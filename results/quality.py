@@ -6,17 +6,21 @@ test, with the diagnostics of scripts/rfa_diagnostics.py on valid.
 
     python results/quality.py --setting screen --variants softmax rfa rfa_gate --seeds 1 2 3
     python results/quality.py --setting final --variants softmax gate_softcross --seeds 1 2 3
+    python results/quality.py --setting precision --variants gate_softcross gate_softcross_bf16 gate_softcross_fp16
     python results/quality.py --report
 
-Settings are chosen on valid; test is reported. scripts/quickstart.sh runs the quickstart setting.
+Settings are chosen on valid; test is reported. scripts/quickstart.sh runs the quickstart setting. The
+``*_bf16``, ``*_fp16`` and ``*_amp`` variants are fairseq's mixed precision, which needs a CUDA device
+(fairseq's --fp16 keeps its fp32 master weights there; its --bf16 on a CPU takes the TPU path): the
+``precision`` setting compares them with fp32 by the final validation loss (scripts/gpu_check.sh).
 """
 import json
 import sys
 
-from runner import PY, bleu, main, run, train
+from runner import PY, bleu, main, run, train, valid_scores
 
 NAME, OUT, WORK = "quality", "results/quality_study.jsonl", "work/study"
-METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)]
+METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2), ("valid loss", "valid_loss", 3)]
 TIME = "s_per_update_with_validation"  # what the recorded runs have: the whole run's seconds per update
 SCREEN = dict(layers=2, dim=256, ffn=512, heads=4, updates=600, warmup=150, lr="3e-3")
 SETTINGS = {
@@ -25,6 +29,7 @@ SETTINGS = {
     # transformer-base size (6+6 x 512) trained briefly, for the decoding benchmark's real output lengths
     "base": dict(layers=6, dim=512, ffn=2048, heads=8, updates=400, warmup=200, lr="1e-3"),
     "quickstart": dict(SCREEN, updates=330, splits=("test",)),  # scripts/quickstart.sh
+    "precision": dict(SCREEN, splits=("valid",)),  # mixed precision against fp32 (scripts/gpu_check.sh)
 }
 # --user-dir also for fairseq's models: the plugin allow-lists what fairseq-train's resuming unpickles
 PLUGIN = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en"]
@@ -47,6 +52,8 @@ VARIANTS = {
     "gate_elu": GATE + ["--rfa-kernel", "elu"],
     # RFA(-Gate) self-attention behind fairseq's softmax cross attention (the defaults)
     "gate_softcross": PLUGIN + ["--rfa-gate", "--cross-attention", "softmax"],
+    **{f"gate_softcross_{p}": PLUGIN + ["--rfa-gate", "--cross-attention", "softmax", f"--{p}"]
+       for p in ("bf16", "fp16", "amp")},  # fairseq's mixed precision (CUDA only)
     "rfa_softcross": PLUGIN + ["--cross-attention", "softmax"],
     "gate_softcross_f32": PLUGIN + ["--rfa-gate", "--rfa-causal-feature-dim", "32"],  # half the causal state
     "elu_softcross": PLUGIN + ["--rfa-kernel", "elu"],
@@ -91,6 +98,9 @@ def has_rfa_modules(variant) -> bool:
 
 def run_one(variant, s, seed, data, out, a) -> dict:
     record = {"flags": " ".join(VARIANTS[variant]), **train(train_flags(variant, s, seed, data), out, s["updates"], a)}
+    valid = valid_scores((out / "train.log").read_text())
+    if valid:  # the last validation, after the last update (label-smoothed cross entropy, base 2)
+        record["valid_loss"] = valid[-1]["loss"]
     ckpt = out / "checkpoint_last.pt"
     for split in s.get("splits", ("valid", "test")):
         r = bleu(data / "bin", ckpt, split, data / f"{split}.ref.en", out, a)

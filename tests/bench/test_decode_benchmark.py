@@ -216,3 +216,10 @@ def test_lm_generation_continues_every_prompt_by_exactly_each_length(lms, search
     assert [by[(m, 5)]["engine"] for m in models[:4]] == ["fairseq", "fairseq", "fairseq int8", "fairseq int8"]
     if CT2 and "--sampling" not in search:  # greedy: CTranslate2 continues the prompts as fairseq does
         assert by[("ct2", 5)]["same_as_first"] == by[("ct2", 40)]["same_as_first"] == 1.0
+
+
+def test_graphed_variant_decodes_the_same_state(tmp_path):
+    """``*_graphs`` (--cuda-graphs) is the same model and state; on the CPU its steps run eagerly."""
+    rows = decode.main(["synthetic", "--task", "lm", "--lengths", "6", "--models", "rfa_gate", "rfa_gate_graphs"] + TINY)
+    assert [r["model"] for r in rows] == ["rfa_gate", "rfa_gate_graphs"]
+    assert rows[0]["state_bytes"] == rows[1]["state_bytes"] > 0

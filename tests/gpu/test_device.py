@@ -120,3 +120,33 @@ def test_bf16_autocast_training_step_on_the_device_is_finite(translation_model):
     assert torch.isfinite(loss)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(gr).all() for gr in grads)
+
+
+@pytest.mark.parametrize("extra", [["--rfa-gate"], ["--rfa-gate", "--cross-attention", "softmax"]],
+                         ids=["rfa-gate", "gate-softmax-cross"])
+def test_beam_search_replayed_as_cuda_graphs_equals_eager(translation_model, extra):
+    """--cuda-graphs: beam search over steps replayed as CUDA graphs (on the CPU: their emulation,
+    rfa_test_utils.fx_capture) gives the eager hypotheses; sentences finish at different steps, so graphs
+    are captured for several batch sizes and state layouts."""
+    from fairseq.sequence_generator import SequenceGenerator
+    from rfa_fairseq.models.step_graphs import StepGraphs
+    from rfa_test_utils import fx_capture
+
+    task, model = translation_model(*extra, rfa_flags="--cross-attention" not in extra)
+    model.eval().to(DEVICE)
+    with torch.no_grad():
+        model.decoder.output_projection.weight[task.target_dictionary.eos()] *= 3.0
+    src = random_tokens(task.source_dictionary, 6, 9, torch.Generator().manual_seed(0))
+    src[:, -1] = task.source_dictionary.eos()
+    sample = {"id": torch.arange(6), "net_input": {"src_tokens": src.to(DEVICE),
+                                                   "src_lengths": torch.full((6,), 9, device=DEVICE)}}
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30, min_len=1)
+    with torch.no_grad():
+        eager = gen.forward(sample)
+        model.decoder.step_graphs = graphs = StepGraphs(model.decoder, capture=None if DEVICE.type == "cuda" else fx_capture)
+        graphed = gen.forward(sample)
+    assert len(graphs.graphs) >= 2
+    for nbest_e, nbest_g in zip(eager, graphed, strict=True):
+        for e, g in zip(nbest_e, nbest_g, strict=True):
+            assert torch.equal(e["tokens"], g["tokens"])
+            assert (e["positional_scores"] - g["positional_scores"]).abs().max().item() <= 1e-5
