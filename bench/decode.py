@@ -5,7 +5,8 @@
 translation``: ``transformer_wmt_en_de`` (6+6 x 512) against ``rfa_transformer_wmt_en_de`` (``rfa*``:
 RFA cross attention, the paper's; ``*_softcross``: fairseq's, the default; ``rfa_enc_*``: a linear
 encoder too), beam search over ``--batch`` sources; ``--task lm``: ``transformer_lm`` against
-``rfa_transformer_lm`` after a prompt. Per model and length: tokens/s (``--statistic`` of
+``rfa_transformer_lm`` after a prompt. ``*_graphs``: the steps replayed as CUDA graphs (``--cuda-graphs``;
+eager on the CPU); ``rfa_gate_compiled``: the step (``forward_step``) under torch.compile. Per model and length: tokens/s (``--statistic`` of
 ``--repeats`` runs after a warm-up, the models taking turns run by run), the ``ratio`` to the first
 model, the first run's peak memory (bench/harness.py) and the incremental state's bytes. Lengths
 predicted over ``--single-run-seconds`` run once, over ``--max-seconds`` are skipped.
@@ -62,7 +63,9 @@ MODELS = {
                     "rfa_gate_softcross_graphs": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate", "--cuda-graphs"]},
     "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": ["--arch", "rfa_transformer_lm"] + BASE,
            "rfa_gate": ["--arch", "rfa_transformer_lm", "--rfa-gate"] + BASE,
-           "rfa_gate_graphs": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--cuda-graphs"] + BASE},
+           "rfa_gate_graphs": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--cuda-graphs"] + BASE,
+           # the decoding step (RFATransformerDecoder.forward_step) under torch.compile
+           "rfa_gate_compiled": ["--arch", "rfa_transformer_lm", "--rfa-gate"] + BASE},
 }
 DEFAULTS = {"translation": dict(lengths=[32, 128, 512, 2048, 4096], batch=2, beam=4),
             "lm": dict(lengths=[128, 512, 2048, 8192], batch=1, beam=1)}
@@ -137,6 +140,8 @@ class Contender:
         if getattr(self.model, "cuda_graphs", False):  # as prepare_for_inference_ does, without its other changes
             from rfa_fairseq.models.step_graphs import StepGraphs
             self.model.decoder.step_graphs = StepGraphs(self.model.decoder)
+        if name.endswith("_compiled"):
+            self.model.decoder.forward_step = torch.compile(self.model.decoder.forward_step, dynamic=False)
         forward = self.model.decoder.forward
 
         def spy(*a, **kw):

@@ -18,10 +18,12 @@ initialisation must not happen under capture), then records it on the live state
 the replay is the step. On the CPU, and under autograd, steps run eagerly.
 """
 from collections import OrderedDict
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 import torch
 from torch import Tensor, nn
+
+from ..modules import CausalRFAttention
 
 Replay = Callable[[], Tensor]
 
@@ -105,8 +107,6 @@ class StepGraphs:
 
 def check_capturable(decoder: nn.Module):
     """Refuse, by name, what a graph of the step cannot replay."""
-    from ..modules import CausalRFAttention
-
     if not hasattr(decoder, "forward_step"):
         raise ValueError("--cuda-graphs replays RFA's fixed-size decoding step: it needs an RFA decoder "
                          "(not --decoder-attention softmax, whose cache grows every step)")
@@ -117,8 +117,3 @@ def check_capturable(decoder: nn.Module):
         raise ValueError("--cuda-graphs: the local window's ring position (--rfa-local-window) is kept on the host "
                          "and cannot be captured")
 
-
-def state_tensors(incremental_state) -> Dict[str, Tensor]:
-    """Every tensor of an incremental state, by ``module key/field`` (tests)."""
-    return {f"{name}/{field}": t for name, fields in incremental_state.items() for field, t in fields.items()
-            if t is not None}
