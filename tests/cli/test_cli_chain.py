@@ -64,6 +64,12 @@ def test_translation_train_generate_resume(mt_data):
                   "--model-overrides", "{'int8_inference': True}")
     assert "Translated 12 sentences" in out and "DynamicQuantizedLinear" not in out
 
+    # --cuda-graphs asked for at generation time: on the CPU the steps run eagerly, the same hypotheses
+    out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
+                  "--beam", "4", "--max-len-b", "12", "--batch-size", "5", "--required-batch-size-multiple", "1", "--cpu",
+                  "--model-overrides", "{'cuda_graphs': True}")
+    assert [line for line in out.splitlines() if line.startswith("H-")] == hyps
+
     # Sources longer than the positions allowed: fairseq's own behaviour (stop with a message
     # naming the option that skips them; with it, those sentences are skipped).
     too_long = ["--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt", "--beam", "2", "--max-len-b", "5",
