@@ -15,7 +15,14 @@ floor would clamp almost every position: it is a floor for ungated sums.
 
 Gradients do not flow through a clamped denominator. A result cast to fp16/bf16 is clamped to the
 dtype's finite range, so a large but finite fp32 value never becomes inf.
+
+The attention ops compute in fp32 whatever their inputs' dtype (``compute_dtype``): states, the normaliser
+column and the division. Under ``torch.autocast`` (fairseq's ``--amp``) their matmuls would run in half
+precision anyway and a chunked state come back in it, so every op runs with autocast off (:func:`exact_dtypes`).
 """
+import contextlib
+import functools
+
 import torch
 from torch import Tensor
 
@@ -52,3 +59,18 @@ def cast_finite(out: Tensor, out_dtype: torch.dtype) -> Tensor:
         limit = torch.finfo(out_dtype).max
         out = out.clamp(-limit, limit)
     return out.to(out_dtype)
+
+
+def exact_dtypes(op):
+    """``op`` run with torch.autocast off on every device where it is on, so the dtypes are the op's own
+    (fp32 accumulation for half inputs), under autocast as without it."""
+    @functools.wraps(op)
+    def run(*args, **kwargs):
+        on = [device for device in ("cuda", "cpu") if torch.is_autocast_enabled(device)]
+        if not on:
+            return op(*args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            for device in on:
+                stack.enter_context(torch.autocast(device, enabled=False))
+            return op(*args, **kwargs)
+    return run

@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
+from ..denominator import DEFAULT_EPS, compute_dtype, exact_dtypes, guarded_ratio
 
 DEFAULT_CHUNK_SIZE = 64
 
@@ -28,6 +28,7 @@ def _pad_time(x: Tensor, pad: int, dim: int = 2) -> Tensor:
     return torch.cat([x, x.new_zeros(shape)], dim=dim)
 
 
+@exact_dtypes
 def chunk_causal_rfa(
     q: Tensor,
     k: Tensor,

@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, guarded_ratio
+from ..denominator import DEFAULT_EPS, exact_dtypes, guarded_ratio
 
 FLA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BACKENDS = ("auto", "torch", "fla")  # --rfa-backend
@@ -50,6 +50,7 @@ def fla_chosen(backend: str, device: torch.device, gated: bool) -> bool:
     return not (gated and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1)
 
 
+@exact_dtypes
 def fla_causal_rfa(
     q: Tensor,
     k: Tensor,

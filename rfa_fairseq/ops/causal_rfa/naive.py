@@ -4,9 +4,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
+from ..denominator import DEFAULT_EPS, compute_dtype, exact_dtypes, guarded_ratio
 
 
+@exact_dtypes
 def naive_causal_rfa(
     q: Tensor,
     k: Tensor,

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, as_dtype, compute_dtype, guarded_ratio
+from ..denominator import DEFAULT_EPS, as_dtype, compute_dtype, exact_dtypes, guarded_ratio
 
 
+@exact_dtypes
 def recurrent_causal_rfa_step(
     q: Tensor,
     k: Tensor,
@@ -65,6 +66,7 @@ def recurrent_causal_rfa_step(
     return guarded_ratio(o.narrow(-1, 0, K), o.select(-1, K), eps, v.dtype), state
 
 
+@exact_dtypes
 def recurrent_causal_rfa(
     q: Tensor,
     k: Tensor,

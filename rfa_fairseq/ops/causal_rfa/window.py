@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, as_dtype, compute_dtype, guarded_ratio
+from ..denominator import DEFAULT_EPS, as_dtype, compute_dtype, exact_dtypes, guarded_ratio
 from ..feature_maps import exact_kernel, features
 from .chunk import DEFAULT_CHUNK_SIZE, _pad_time, chunk_causal_sums
 
@@ -48,6 +48,7 @@ def _write(log_g: Optional[Tensor], like: Tensor, convex: bool, pad: Optional[Te
     return write.masked_fill(pad, 0.0), None if log_g is None else log_g.masked_fill(pad, 0.0)
 
 
+@exact_dtypes
 def naive_window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], kernel: str,
                             random_matrix: Tensor, window: int, pad: Optional[Tensor] = None, eps: float = DEFAULT_EPS,
                             convex: bool = True) -> Tensor:
@@ -69,6 +70,7 @@ def naive_window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Ten
     return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype)
 
 
+@exact_dtypes
 def window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], kernel: str, random_matrix: Tensor,
                       window: int, initial_state: Optional[WindowState] = None, output_final_state: bool = False,
                       pad: Optional[Tensor] = None, eps: float = DEFAULT_EPS, convex: bool = True,
@@ -123,6 +125,7 @@ def window_causal_rfa(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], 
     return out, WindowState(final - phis[:, :, -W:].transpose(-1, -2) @ values, keys[:, :, -W:].clone(), values)
 
 
+@exact_dtypes
 def window_causal_rfa_step(x: Tensor, y: Tensor, v: Tensor, log_g: Optional[Tensor], kernel: str,
                            random_matrix: Tensor, state: WindowState, eps: float = DEFAULT_EPS, convex: bool = True,
                            inplace: bool = False) -> Tuple[Tensor, WindowState]:

@@ -4,9 +4,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, compute_dtype, guarded_ratio
+from ..denominator import DEFAULT_EPS, compute_dtype, exact_dtypes, guarded_ratio
 
 
+@exact_dtypes
 def naive_cross_rfa(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS,
     absolute: bool = False,

@@ -12,7 +12,7 @@ from typing import Optional
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, guarded_ratio
+from ..denominator import DEFAULT_EPS, exact_dtypes, guarded_ratio
 from .state import feature_products, ungroup
 
 
@@ -22,6 +22,7 @@ def quadratic_is_cheaper(S: int, Fd: int, K: int, Tq: int) -> bool:
     return Tq * S * (Fd + K + 1) < (S + Tq) * Fd * (K + 1)
 
 
+@exact_dtypes
 def cross_rfa_quadratic(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS,
     out_dtype=None, absolute: bool = False,

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..denominator import DEFAULT_EPS, compute_dtype, guard, guarded_ratio
+from ..denominator import DEFAULT_EPS, compute_dtype, exact_dtypes, guard, guarded_ratio
 
 
+@exact_dtypes
 def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
     """k: ``[B, H, S, F]``, v: ``[B, H, S, K]``, key_padding_mask ``[B, S]`` (True = pad).
 
@@ -55,6 +56,7 @@ def ungroup(out: Tensor, B: int, Tq: int) -> Tensor:
     return out.reshape(Bs, H, B // Bs, Tq, K).transpose(1, 2).reshape(B, H, Tq, K)
 
 
+@exact_dtypes
 def cross_rfa_apply(q: Tensor, state: Tensor, eps: float = DEFAULT_EPS, out_dtype=None,
                     absolute: bool = False) -> Tensor:
     """q: ``[B, H, Tq, F]``; the state of :func:`cross_rfa_state` for ``B`` or ``B / beam``
@@ -76,6 +78,7 @@ def feature_products(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = 
     return scores
 
 
+@exact_dtypes
 def cross_rfa_weights(
     q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS, absolute: bool = False,
 ) -> Tensor:
