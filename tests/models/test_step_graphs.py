@@ -103,6 +103,26 @@ def test_graphed_lm_equals_eager(lm_model, extra):
     assert counter.replays > 0
 
 
+def test_graphed_sampling_equals_eager(lm_model):
+    """Sampling (top-k) draws from the step's output: with the same seed, the same samples."""
+    from fairseq import search
+
+    task, model = lm_model("--rfa-gate")
+    model.eval()
+    prompts = random_tokens(task.dictionary, 2, 3, torch.Generator().manual_seed(4))
+    sample = {"id": torch.arange(2), "net_input": {"src_tokens": prompts, "src_lengths": torch.full((2,), 3)}}
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=2, max_len_b=25, min_len=25,
+                            search_strategy=search.Sampling(task.target_dictionary, sampling_topk=10))
+    runs, counter = [], Counted()
+    for graphs in (None, StepGraphs(model.decoder, capture=counter)):
+        model.decoder.step_graphs = graphs
+        torch.manual_seed(5)
+        with torch.no_grad():
+            runs.append(gen.forward(sample, prefix_tokens=prompts))
+    _same_hypotheses(*runs)
+    assert counter.replays > 10
+
+
 def test_few_graphs_kept_still_equal(translation_model):
     """With room for one graph, layouts evict each other and run eagerly until seen twice more."""
     task, model = _translation(translation_model, ["--rfa-gate"])
