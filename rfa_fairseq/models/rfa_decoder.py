@@ -1,8 +1,10 @@
 """The RFA decoder shared by both model families (fairseq's TransformerDecoder with RFA layers), and
 the translation model's softmax decoder (``--decoder-attention softmax``), fairseq's own.
 
-Only the builders are overridden; fairseq's forward passes, embeddings, output projections and
-incremental-decoding protocol are used as they are (Time x Batch x Channel inside layers). Softmax
+The builders are overridden, and fairseq's layers, embeddings, output projections and incremental-decoding
+protocol are used as they are (Time x Batch x Channel inside layers). The RFA decoder adds two forwards of its
+own: a stateful LM's next block (``stream_state``), and the decoding step after the first
+(:meth:`RFATransformerDecoder.forward_step`, which a CUDA graph can replay: ``models/step_graphs.py``). Softmax
 cross attention, in either decoder, is :class:`SoftmaxCrossAttention`: fairseq's, with one copy of
 the source's keys and values per sentence in beam search.
 """
