@@ -75,7 +75,11 @@ class StepGraphs:
                 self.seen_once.add(key)
                 return None
             self.seen_once.discard(key)
-            entry = self.graphs[key] = self._capture(tokens, encoder_out, incremental_state)
+            try:
+                entry = self.graphs[key] = self._capture(tokens, encoder_out, incremental_state)
+            except RuntimeError as e:
+                raise RuntimeError(f"--cuda-graphs: capturing the decoding step of {tokens.size(0)} rows failed ({e}); "
+                                   "decode without --cuda-graphs") from e
             if len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)
         self.graphs.move_to_end(key)

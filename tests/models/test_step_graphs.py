@@ -182,3 +182,14 @@ def test_adaptive_input_is_refused(lm_model):
                         "--cuda-graphs")
     with pytest.raises(ValueError, match="adaptive-input"):
         model.prepare_for_inference_(GENERATE_CFG)
+
+
+def test_a_failed_capture_names_the_flag(translation_model):
+    task, model = _translation(translation_model, ["--rfa-gate"])
+
+    def failing(*args):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    model.decoder.step_graphs = StepGraphs(model.decoder, capture=failing)
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=1, max_len_b=10, min_len=10)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="decode without --cuda-graphs"):
+        gen.forward(_source(task, 2))
