@@ -12,7 +12,7 @@ test, with the diagnostics of scripts/rfa_diagnostics.py on valid.
 Settings are chosen on valid; test is reported. scripts/quickstart.sh runs the quickstart setting. The
 ``*_bf16``, ``*_fp16`` and ``*_amp`` variants are fairseq's mixed precision, which needs a CUDA device
 (fairseq's --fp16 keeps its fp32 master weights there; its --bf16 on a CPU takes the TPU path): the
-``precision`` setting compares them with fp32 by the final validation loss (scripts/gpu_check.sh).
+``precision`` setting compares them with fp32 by the final validation loss (scripts/gpu_check.sh --precision).
 """
 import json
 import sys
@@ -29,7 +29,7 @@ SETTINGS = {
     # transformer-base size (6+6 x 512) trained briefly, for the decoding benchmark's real output lengths
     "base": dict(layers=6, dim=512, ffn=2048, heads=8, updates=400, warmup=200, lr="1e-3"),
     "quickstart": dict(SCREEN, updates=330, splits=("test",)),  # scripts/quickstart.sh
-    "precision": dict(SCREEN, splits=("valid",)),  # mixed precision against fp32 (scripts/gpu_check.sh)
+    "precision": dict(SCREEN, splits=("valid",)),  # mixed precision against fp32 (scripts/gpu_check.sh --precision)
 }
 # --user-dir also for fairseq's models: the plugin allow-lists what fairseq-train's resuming unpickles
 PLUGIN = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en"]

@@ -3,17 +3,20 @@
 # models' loss and gradients across --rfa-backend), then the GPU benchmarks of docs/benchmarks.md, their JSON
 # and one markdown table in work/gpu_check/ (or the folder given).
 #
-#   bash scripts/gpu_check.sh [OUT]        # Python: $PYTHON, else .venv's, else python3
+#   bash scripts/gpu_check.sh [OUT] [--precision]      # Python: $PYTHON, else .venv's, else python3
 #
 # Needs the stack with a CUDA torch (RFA_USE_CURRENT_ENV=1 bash scripts/setup_env.sh, or pip install .[gpu]
 # beside it). Training: the 6 x 512 LM in bf16, 16,384 tokens per step from 2,048 to 16,384 tokens per sequence,
 # fairseq softmax, the SDPA baseline and RFA-Gate on torch's and fla's kernels. Decoding: one LM sequence to
 # 4,096 tokens, greedy, and beam-4 translation of 8 sources to 512 tokens, softmax against RFA-Gate, eager and with
-# its steps replayed as CUDA graphs (--cuda-graphs). Mixed precision: RFA-Gate on Multi30k (results/quality.py's
-# precision setting, 600 updates) in fp32, --bf16 and --fp16, by their final validation loss.
+# its steps replayed as CUDA graphs (--cuda-graphs); decoding first, then training. With --precision, also mixed
+# precision: RFA-Gate trained on Multi30k (results/quality.py's precision setting, 600 updates) in fp32, --bf16 and
+# --fp16, by their final validation loss (three trainings: minutes more).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-work/gpu_check}
+PRECISION=${2:-}
+[ -z "$PRECISION" ] || [ "$PRECISION" = --precision ] || { echo "usage: bash scripts/gpu_check.sh [OUT] [--precision]" >&2; exit 2; }
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 mkdir -p "$OUT"
 "$PY" - <<'EOF'
@@ -28,15 +31,15 @@ EOF
 "$PY" -m pytest -q -p no:cacheprovider tests/gpu tests/ops/test_fla.py tests/models/test_backends.py tests/models/test_step_graphs.py \
   > "$OUT/tests.log" 2>&1 || echo "[gpu_check] some GPU tests failed: $OUT/tests.log"
 tail -n 3 "$OUT/tests.log"
+"$PY" bench/decode.py synthetic --device cuda --task lm --batch 1 --lengths 512 4096 --models softmax rfa_gate rfa_gate_graphs \
+  --repeats 2 --out "$OUT/decode_lm_b1.json" || echo "[gpu_check] the LM decoding benchmark failed (above)"
+"$PY" bench/decode.py synthetic --device cuda --task translation --batch 8 --beam 4 --lengths 512 \
+  --models softmax rfa_gate_softcross rfa_gate_softcross_graphs --repeats 2 --out "$OUT/decode_translation_b8.json" \
+  || echo "[gpu_check] the translation decoding benchmark failed (above)"
 "$PY" bench/train.py lm --device cuda --dtype bf16 --variants softmax sdpa rfa_gate_torch rfa_gate_fla \
   --lengths 2048 4096 8192 16384 --tokens-per-batch 16384 --repeats 3 --max-seconds 60 --out "$OUT/train_lm_bf16.json" \
-  || echo "[gpu_check] the training benchmark failed (above); the decoding ones still run"
-"$PY" bench/decode.py synthetic --device cuda --task lm --batch 1 --lengths 512 4096 --models softmax rfa_gate rfa_gate_graphs \
-  --repeats 3 --out "$OUT/decode_lm_b1.json" || echo "[gpu_check] the LM decoding benchmark failed (above)"
-"$PY" bench/decode.py synthetic --device cuda --task translation --batch 8 --beam 4 --lengths 512 \
-  --models softmax rfa_gate_softcross rfa_gate_softcross_graphs --repeats 3 --out "$OUT/decode_translation_b8.json" \
-  || echo "[gpu_check] the translation decoding benchmark failed (above)"
-"$PY" results/quality.py --setting precision --variants gate_softcross gate_softcross_bf16 gate_softcross_fp16 \
+  || echo "[gpu_check] the training benchmark failed (above); the rest still runs"
+[ -z "$PRECISION" ] || "$PY" results/quality.py --setting precision --variants gate_softcross gate_softcross_bf16 gate_softcross_fp16 \
   --out "$OUT/precision.jsonl" --work "$OUT/precision" || echo "[gpu_check] the mixed-precision runs failed (above)"
 if [ -f "$OUT/precision.jsonl" ]; then "$PY" results/quality.py --report --out "$OUT/precision.jsonl" > "$OUT/precision.md"; fi
 shopt -s nullglob
