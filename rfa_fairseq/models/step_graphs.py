@@ -30,7 +30,9 @@ Replay = Callable[[], Tensor]
 
 def capture_cuda_graph(step: Callable[[], Tensor], warmup: Callable[[], Tensor], state: List[Tensor],
                        pool) -> Replay:
-    """``step`` as a CUDA graph in ``pool``: the replay runs it and returns its output (the same tensor each time)."""
+    """``step`` as a CUDA graph in ``pool``, after ``warmup`` (the step on copies of the state): the replay runs it
+    and returns its output (the same tensor each time). ``state``, the live state's tensors, is for captures that
+    run the step and must put it back (the tests' emulation); a CUDA capture runs nothing."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -120,4 +122,3 @@ def check_capturable(decoder: nn.Module):
     if any(isinstance(m, CausalRFAttention) and m.local_window for m in decoder.modules()):
         raise ValueError("--cuda-graphs: the local window's ring position (--rfa-local-window) is kept on the host "
                          "and cannot be captured")
-
