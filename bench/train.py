@@ -15,6 +15,12 @@ forward + backward (``train``) or forward with the final state (``infer``). Per 
 (bench/harness.py); tokens/s, its ``ratio`` to softmax and ``ratio_sdpa`` to SDPA (same run, > 1
 is faster). Lengths predicted over ``--max-seconds``, or after running out of memory, are skipped.
 
+fla-core 0.6.0 refuses RFA-Gate's backward on Hopper GPUs with Triton >= 3.4 and < 3.7.1 (its issue 640: wrong
+gate gradients from one kernel there). On such a stack ``lm --fla-unguard`` first compares fla's gradients with
+the torch path's, one attention op at each of the run's shapes in ``--dtype`` on this device, and lifts the
+guard for this run alone where every gradient is within ``FLA_GRADIENT_RATIO``; else the ``rfa_gate_fla`` rows
+are dropped. The JSON's meta keeps the errors (``fla_guard``). Users keep the guard.
+
     python bench/train.py lm --lengths 256 1024 8192 --out train_lm.json
     python bench/train.py translation DATA_BIN --out train_translation.json
     python bench/train.py encoder --lengths 1024 4096 --out train_encoder.json
@@ -50,6 +56,7 @@ MT = {"softmax": ["--arch", "transformer_iwslt_de_en"],
       "rfa": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa"],
       "rfa_gate": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa", "--rfa-gate"],
       "rfa_gate_softcross": ["--arch", "rfa_transformer_iwslt_de_en", "--rfa-gate"]}
+FLA_GRADIENT_RATIO = 0.02  # --fla-unguard: largest RMS(fla - torch) / RMS(torch) of a gradient (bf16 gives ~3e-3)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # lm --dtype: the model cast, as --bf16
 ENCODER = ("softmax", "sdpa", "rfa", "favor", "lara")
 SETTINGS = {  # mode: (variants, default variants, sizes, sizes with --tiny)
@@ -128,6 +135,53 @@ def lm_step(args, variant, length):
         model.zero_grad(set_to_none=True)
         (model.decoder.extract_features(tokens, None)[0] * target).sum().backward()
     return step, model, dict(batch=batch, tokens=batch * length)
+
+
+def fla_guard_raised() -> bool:
+    """Whether fla refuses gated backward passes on this stack (Hopper, Triton >= 3.4 and < 3.7.1)."""
+    import fla.ops.common.chunk_o as chunk_o
+
+    return chunk_o.IS_NVIDIA_HOPPER and chunk_o.TRITON_ABOVE_3_4_0 and not chunk_o.TRITON_ABOVE_3_7_1
+
+
+def fla_gradient_errors(args, length) -> dict:
+    """RMS(fla - torch) / RMS(torch) of the gradients of phi(q), phi(k), v and log g through one causal RFA-Gate
+    op at the lm benchmark's shapes for ``length`` (batch, heads, the default features and head size): fla in
+    ``--dtype``, the torch path (``ops.chunk_causal_rfa``) in fp32 from the same rounded inputs."""
+    from rfa_fairseq.config import RFAConfig
+    from rfa_fairseq.ops import chunk_causal_rfa, feature_size
+    from rfa_fairseq.ops.causal_rfa.fla import fla_causal_rfa
+
+    cfg, g = RFAConfig(), torch.Generator().manual_seed(length)
+    B, H, K = max(1, args.tokens_per_batch // length), args.heads, args.embed_dim // args.heads
+    Fd = feature_size(cfg.rfa_kernel, cfg.rfa_causal_feature_dim, K)
+    q, k = (torch.rand(2, B, H, length, Fd, generator=g) / Fd).unbind(0)  # positive: denominators away from 0
+    inputs = (q, k, torch.randn(B, H, length, K, generator=g), F.logsigmoid(torch.randn(B, H, length, generator=g) + 2))
+    r = torch.randn(B, H, length, K, generator=g).to(args.device)
+    grads = []
+    for op, dtype in ((fla_causal_rfa, DTYPES[args.dtype]), (chunk_causal_rfa, torch.float32)):
+        xs = [x.to(args.device, DTYPES[args.dtype], copy=True).to(dtype).requires_grad_() for x in inputs]
+        (op(*xs)[0].float() * r).sum().backward()
+        grads.append([x.grad.float() for x in xs])
+    return {name: ((a - b).square().mean().sqrt() / b.square().mean().sqrt()).item()
+            for name, a, b in zip(("q", "k", "v", "log_g"), *grads)}
+
+
+def unguard_fla(args) -> dict:
+    """``--fla-unguard`` (see the module's docstring): the check's errors, and whether the guard was lifted."""
+    import fla.ops.common.chunk_o as chunk_o
+
+    if not fla_guard_raised():
+        return {"guard": "not raised on this stack"}
+    chunk_o.TRITON_ABOVE_3_7_1 = True  # the guard's own condition, read when a gated backward starts
+    errors = {length: fla_gradient_errors(args, length) for length in args.lengths}
+    worst = max(e for per in errors.values() for e in per.values())
+    lifted = worst <= FLA_GRADIENT_RATIO
+    chunk_o.TRITON_ABOVE_3_7_1 = lifted
+    print(f"--fla-unguard: fla's gradients against the torch path's, largest relative RMS error {worst:.2e} "
+          f"({'<=' if lifted else '>'} {FLA_GRADIENT_RATIO}): " +
+          ("the guard is lifted for this run" if lifted else "the guard stays, rfa_gate_fla is dropped"), flush=True)
+    return {"guard": "lifted" if lifted else "kept", "gradient_errors": errors}
 
 
 def encoder_module(args, variant):
@@ -284,6 +338,9 @@ def parse_args(argv=None):
                                           help="skip softmax where its attention matrices would need more")
     modes.choices["lm"].add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
                                      help="the model's dtype (fairseq's --bf16 / --fp16 cast the model so)")
+    modes.choices["lm"].add_argument("--fla-unguard", action="store_true",
+                                     help="where fla refuses gated backward passes (Hopper, Triton >= 3.4 and < 3.7.1): "
+                                          "check fla's gradients here, then lift the guard for this run (see above)")
     modes.choices["chunk"].add_argument("--passes", nargs="+", choices=["train", "infer"], default=["train", "infer"])
     args = p.parse_args(argv)
     sub = modes.choices[args.mode]
@@ -296,7 +353,18 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    from rfa_fairseq.ops.causal_rfa.fla import fla_installed
+
     args = parse_args(argv)
+    fla_guard = None
+    if args.mode == "lm" and "rfa_gate_fla" in args.variants and fla_installed() and fla_guard_raised():
+        if not args.fla_unguard:
+            sys.exit("rfa_gate_fla: fla-core refuses RFA-Gate's backward on this stack (Hopper with Triton >= 3.4 and "
+                     "< 3.7.1, its issue 640); upgrade Triton, or pass --fla-unguard to check fla's gradients here "
+                     "and lift the guard for this run")
+        fla_guard = unguard_fla(args)
+        if fla_guard["guard"] == "kept":
+            args.variants = [v for v in args.variants if v != "rfa_gate_fla"]
     if args.mode in ("lm", "encoder"):  # lm: tokens per step fixed, so softmax's step grows linearly with length
         rows = by_length(args, lm_step if args.mode == "lm" else encoder_step, (0, 1) if args.mode == "lm" else (1, 2))
     else:
@@ -306,7 +374,7 @@ def main(argv=None):
         harness.add_ratios(rows, reference, group=("length",) if args.mode != "translation" else ())
         harness.add_ratios(rows, "sdpa", field="ratio_sdpa")
     meta = dict(harness.machine(args.device, ["train.py"] + (sys.argv[1:] if argv is None else argv)),
-                bench=f"train-{args.mode}", reference=reference, args=vars(args))
+                bench=f"train-{args.mode}", reference=reference, args=vars(args), **({"fla_guard": fla_guard} if fla_guard else {}))
     if args.out:
         harness.write_json(args.out, meta, rows)
     return rows

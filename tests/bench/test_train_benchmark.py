@@ -1,4 +1,7 @@
-"""bench/train.py: every mode at tiny sizes, and the SDPA baseline computes fairseq's softmax attention."""
+"""bench/train.py: every mode at tiny sizes, the SDPA baseline computes fairseq's softmax attention, and
+--fla-unguard lifts fla's Hopper guard only after its gradient check."""
+import json
+
 import pytest
 import torch
 
@@ -85,3 +88,44 @@ def test_bad_flags_stop_with_an_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
         train.parse_args(argv)
     assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+@pytest.fixture
+def fla_guard(monkeypatch):
+    """fla-core's module of the gated backward, made to see a stack it refuses (Hopper, Triton 3.6)."""
+    from rfa_test_utils import fla_on_this_machine
+
+    fla_on_this_machine()
+    import fla.ops.common.chunk_o as chunk_o
+
+    for name, value in (("IS_NVIDIA_HOPPER", True), ("TRITON_ABOVE_3_4_0", True), ("TRITON_ABOVE_3_7_1", False)):
+        monkeypatch.setattr(chunk_o, name, value)
+    return chunk_o
+
+
+FLA_LM = ["lm", "--lengths", "16", "--tokens-per-batch", "32", "--variants", "sdpa", "rfa_gate_fla"] + COMMON
+
+
+def test_fla_unguard_checks_gradients_then_lifts_the_guard_that_stops_fla(fla_guard, tmp_path):
+    from rfa_fairseq.ops.causal_rfa.fla import fla_causal_rfa
+
+    x = [torch.rand(1, 1, 16, 4, requires_grad=True) for _ in range(3)] + [torch.full((1, 1, 16), -0.1, requires_grad=True)]
+    with pytest.raises(RuntimeError, match="#640"):  # the guard this flag lifts is the one that stops fla
+        fla_causal_rfa(*x)[0].sum().backward()
+    with pytest.raises(SystemExit, match="--fla-unguard"):  # without the flag: a clear error, before any row
+        train.main(FLA_LM)
+    rows = train.main(FLA_LM + ["--fla-unguard", "--out", str(tmp_path / "t.json")])
+    assert fla_guard.TRITON_ABOVE_3_7_1 and {r["model"] for r in rows} == {"sdpa", "rfa_gate_fla"}
+    assert all(r["seconds"] > 0 for r in rows)
+    meta = json.loads((tmp_path / "t.json").read_text())["meta"]["fla_guard"]
+    errors = meta["gradient_errors"]["16"]
+    assert meta["guard"] == "lifted" and set(errors) == {"q", "k", "v", "log_g"}
+    assert 0 < max(errors.values()) < 1e-5  # fp32 here (the interpreter has no bf16): two computations, one result
+
+
+def test_fla_unguard_keeps_the_guard_where_gradients_differ(fla_guard, monkeypatch, tmp_path):
+    monkeypatch.setattr(train, "fla_gradient_errors", lambda args, length: {"q": 0.0, "k": 0.0, "v": 0.0, "log_g": 0.5})
+    rows = train.main(FLA_LM + ["--fla-unguard", "--out", str(tmp_path / "t.json")])
+    assert not fla_guard.TRITON_ABOVE_3_7_1 and {r["model"] for r in rows} == {"sdpa"}
+    meta = json.loads((tmp_path / "t.json").read_text())["meta"]
+    assert meta["fla_guard"] == {"guard": "kept", "gradient_errors": {"16": {"q": 0.0, "k": 0.0, "v": 0.0, "log_g": 0.5}}}
