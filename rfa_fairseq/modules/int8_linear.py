@@ -29,6 +29,8 @@ this project's layer shapes):
 
 Inference on the CPU only, no backward pass.
 """
+import functools
+
 import torch
 from fairseq.modules import MultiheadAttention
 from torch import nn
@@ -37,6 +39,17 @@ _TINY = torch.finfo(torch.float32).tiny
 _SHIFT = torch.tensor(128.5)  # 128 for uint8, 0.5 to round: floor(v + 128.5) = round(v) + 128
 _BLOCKED_MIN_NUMEL = 2 ** 19
 _HAS_BLOCKED = torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+@functools.lru_cache(maxsize=None)
+def int_mm_takes_uint8() -> bool:
+    """Whether this torch's CPU ``torch._int_mm`` multiplies uint8 rows by an int8 weight (torch 2.13 does,
+    2.11 does not: it takes int8 rows only)."""
+    try:
+        torch._int_mm(torch.zeros(1, 8, dtype=torch.uint8), torch.zeros(8, 8, dtype=torch.int8))
+    except RuntimeError:
+        return False
+    return True
 
 
 def quantize_input(x: torch.Tensor):
@@ -124,6 +137,9 @@ def quantize_linears_(model: nn.Module) -> nn.Module:
         raise ValueError("int8 quantization is for decoding: call model.eval() first (the int8 layers cannot train)")
     if any(t.device.type != "cpu" for t in [*model.parameters(), *model.buffers()]):
         raise ValueError("int8 layers run on the CPU only (oneDNN's CPU kernels): move the model with .cpu()")
+    if not int_mm_takes_uint8():
+        raise RuntimeError(f"int8 layers need torch._int_mm to take uint8 rows on the CPU, which torch {torch.__version__} "
+                           "does not (torch 2.13 does): upgrade torch, or decode without --int8-inference")
     for module in model.modules():
         if isinstance(module, MultiheadAttention):
             # fairseq's softmax attention hands its projections' weights to torch's fused attention outside
