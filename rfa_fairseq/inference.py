@@ -33,9 +33,8 @@ class InferenceConfig(FairseqDataclass):
         default=False,
         metadata={"help": "at inference on the CPU (fairseq-generate, fairseq-interactive, fairseq-eval-lm), the linear "
                           "layers in int8, one scale per output row, as CTranslate2's int8 compute type "
-                          "(rfa_fairseq/inference.py; needs torch 2.13's CPU int8 product). Training ignores it; for a trained "
-                          "checkpoint: "
-                          "--model-overrides \"{'int8_inference': True}\""},
+                          "(rfa_fairseq/inference.py; needs torch 2.13's CPU int8 product). Training ignores it; "
+                          "for a trained checkpoint: --model-overrides \"{'int8_inference': True}\""},
     )
     cuda_graphs: bool = field(
         default=False,
