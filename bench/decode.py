@@ -9,7 +9,8 @@ encoder too), beam search over ``--batch`` sources; ``--task lm``: ``transformer
 eager on the CPU); ``rfa_gate_compiled``: the step (``forward_step``) under torch.compile. Per model and length: tokens/s (``--statistic`` of
 ``--repeats`` runs after a warm-up, the models taking turns run by run), the ``ratio`` to the first
 model, the first run's peak memory (bench/harness.py) and the incremental state's bytes. Lengths
-predicted over ``--single-run-seconds`` run once, over ``--max-seconds`` are skipped.
+predicted over ``--single-run-seconds`` run once, over ``--max-seconds`` are skipped. A model that fails
+gets the error in its rows (traceback printed); the others go on, and the command exits with status 1.
 ``checkpoint``: trained checkpoints on a binarised split, decoded as fairseq-generate does (its flags
 after ``--``), each run in a fresh process: generated tokens over the seconds decoding, the ratio to the
 first model, the peak memory (CUDA: max_memory_allocated; CPU: the process's peak resident set) and what
@@ -169,36 +170,51 @@ class Contender:
         return lambda: gen.generate([self.model], sample, prefix_tokens=self.src if lm else None)
 
 
+def attempt(run):
+    """``run()``; None, or why it failed (``harness.failure``): a model that fails leaves the others' rows."""
+    try:
+        run()
+    except Exception as e:
+        return harness.failure(e)
+
+
 def synthetic(args):
     """Lengths in turn; at each, the models take turns run by run, so a slow spell hits them all."""
     data_dir = harness.fake_dictionary(tempfile.mkdtemp(prefix="rfa_bench_"), args.vocab)
     contenders, rows = [Contender(args, name, data_dir) for name in args.models], []
     with torch.inference_mode():
         for c in contenders:
-            c.generator(min(args.lengths))()  # warm-up
+            c.failed = attempt(c.generator(min(args.lengths)))  # warm-up
         for length in args.lengths:
             plan = []
             for c in contenders:
                 rows.append(dict(model=c.name, task=args.task, length=length, batch=args.batch, beam=args.beam, times=[]))
                 # one run's seconds, predicted from the last length: linear for RFA, quadratic for softmax
                 guess = 0 if c.last is None else c.last[1] * (length / c.last[0]) ** (1 + (c.name == "softmax"))
-                if guess > args.max_seconds:
+                if c.failed:
+                    rows[-1]["error"] = c.failed
+                elif guess > args.max_seconds:
                     rows[-1]["skipped"] = f"predicted {guess:.0f} s per run > --max-seconds {args.max_seconds:g}"
                 else:
                     plan.append((c, rows[-1], c.generator(length), 1 if guess * args.repeats > args.single_run_seconds
                                  else args.repeats))
             for rep in range(args.repeats):
                 for c, row, fn, repeats in plan:
-                    if rep == 0:  # memory: the first run, without the previous run's state alive
+                    if c.failed:
+                        row["error"] = c.failed
+                    elif rep == 0:  # memory: the first run, without the previous run's state alive
                         c.state = None
                         gc.collect()
                         with harness.PeakMemory(args.device) as mem:
-                            row["times"] += harness.timed(fn, args.device, clock=args.clock)
-                        row.update(peak_bytes=mem.peak_bytes, state_bytes=sum(
+                            c.failed = attempt(lambda: row["times"].extend(harness.timed(fn, args.device, clock=args.clock)))
+                        row.update(peak_bytes=mem.peak_bytes, state_bytes=None if c.failed else sum(
                             t.numel() * t.element_size() for b in c.state.values() for t in b.values() if torch.is_tensor(t)))
                     elif rep < repeats:
-                        row["times"] += harness.timed(fn, args.device, clock=args.clock)
+                        c.failed = attempt(lambda: row["times"].extend(harness.timed(fn, args.device, clock=args.clock)))
             for c, row, fn, _ in plan:
+                if c.failed:
+                    row["error"] = c.failed
+                    continue
                 row["seconds"] = harness.STATISTICS[args.statistic](row["times"])
                 row["tokens_per_s"], c.last = args.batch * length / row["seconds"], (length, row["seconds"])
                 if args.profile:
@@ -479,4 +495,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.exit_status(main()))

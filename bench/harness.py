@@ -18,6 +18,7 @@ import platform
 import statistics
 import threading
 import time
+import traceback
 
 import torch
 
@@ -139,6 +140,20 @@ def measure(step, device, repeats, clock="wall", statistic="median", watch=()):
 
 def is_oom(e):
     return isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)) or "out of memory" in str(e) or "t allocate" in str(e)
+
+
+def failure(e: Exception) -> str:
+    """A row's ``error`` for ``e``: "out of memory", or its type and first line, its traceback printed, so
+    that one model's failure leaves the other models' rows of the run."""
+    if is_oom(e):
+        return "out of memory"
+    traceback.print_exc()
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+
+
+def exit_status(rows) -> int:
+    """The command's exit status: 1 where a row failed for a reason other than memory, else 0."""
+    return int(any(r.get("error") not in (None, "out of memory") for r in rows))
 
 
 def add_ratios(rows, reference, key="tokens_per_s", field="ratio", group=("length",)):

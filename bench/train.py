@@ -13,7 +13,9 @@ self-attention module on one source of T tokens. ``chunk``: ops.chunk_causal_rfa
 forward + backward (``train``) or forward with the final state (``infer``). Per row: the
 ``--statistic`` of ``--repeats`` timed steps after a warm-up step and that step's peak memory
 (bench/harness.py); tokens/s, its ``ratio`` to softmax and ``ratio_sdpa`` to SDPA (same run, > 1
-is faster). Lengths predicted over ``--max-seconds``, or after running out of memory, are skipped.
+is faster). Lengths predicted over ``--max-seconds``, or after running out of memory, are skipped. A variant
+that fails otherwise gets the error in its row (traceback printed) and skips its longer lengths; the other rows go
+on, and the command exits with status 1.
 
 fla-core 0.6.0 refuses RFA-Gate's backward on Hopper GPUs with Triton >= 3.4 and < 3.7.1 (its issue 640: wrong
 gate gradients from one kernel there). On such a stack ``lm --fla-unguard`` first compares fla's gradients with
@@ -210,18 +212,16 @@ def encoder_step(args, variant, length):
 
 def measure_variant(args, make_step, variant, length) -> dict:
     """One row's fields: the measurement of ``make_step``'s step, or why it was skipped or failed."""
-    made = make_step(args, variant, length)
-    if isinstance(made, str):
-        return {"skipped": made}
-    step, model, fields = made
-    if args.threads:  # a fresh process (--fresh-process) starts with torch's own thread count
-        torch.set_num_threads(args.threads)
     try:
+        made = make_step(args, variant, length)
+        if isinstance(made, str):
+            return {"skipped": made}
+        step, model, fields = made
+        if args.threads:  # a fresh process (--fresh-process) starts with torch's own thread count
+            torch.set_num_threads(args.threads)
         return dict(fields, **harness.measure(step, args.device, args.repeats, args.clock, args.statistic, [model]))
-    except (RuntimeError, MemoryError) as e:
-        if not harness.is_oom(e):
-            raise
-        return {"error": "out of memory"}
+    except Exception as e:
+        return {"error": harness.failure(e)}
 
 
 def by_length(args, make_step, power):
@@ -236,7 +236,7 @@ def by_length(args, make_step, power):
             guess = last[variant][1] * (length / last[variant][0]) ** power[variant in ("softmax", "sdpa")] \
                 * (args.repeats + 1) if variant in last else 0
             if variant in failed or guess > args.max_seconds:
-                rows[-1]["skipped"] = (f"out of memory at length {failed[variant]}" if variant in failed else
+                rows[-1]["skipped"] = (failed[variant] if variant in failed else
                                        f"predicted {guess:.0f} s > --max-seconds {args.max_seconds:g}")
             elif args.fresh_process:
                 with multiprocessing.get_context("spawn").Pool(1) as pool:
@@ -246,7 +246,8 @@ def by_length(args, make_step, power):
                 gc.collect()
             if "seconds" in rows[-1]:
                 rows[-1]["tokens_per_s"], last[variant] = rows[-1]["tokens"] / rows[-1]["seconds"], (length, rows[-1]["seconds"])
-            failed.update({variant: length} if "error" in rows[-1] else {})
+            if "error" in rows[-1] and variant not in failed:
+                failed[variant] = ("out of memory" if rows[-1]["error"] == "out of memory" else "failed") + f" at length {length}"
             print(f"{variant:18s} {length:6d}: " + (f"skipped, {rows[-1]['skipped']}" if "skipped" in rows[-1] else
                   f"{rows[-1].get('seconds', float('nan')):9.4f} s/step, peak {harness.mib(rows[-1].get('peak_bytes'))} "
                   f"MiB {rows[-1].get('error', '')}"), flush=True)
@@ -381,4 +382,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(harness.exit_status(main()))

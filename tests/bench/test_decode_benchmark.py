@@ -223,3 +223,19 @@ def test_graphed_variant_decodes_the_same_state(tmp_path):
     rows = decode.main(["synthetic", "--task", "lm", "--lengths", "6", "--models", "rfa_gate", "rfa_gate_graphs"] + TINY)
     assert [r["model"] for r in rows] == ["rfa_gate", "rfa_gate_graphs"]
     assert rows[0]["state_bytes"] == rows[1]["state_bytes"] > 0
+
+
+def test_a_model_that_fails_leaves_the_other_rows(monkeypatch):
+    """One model's error (a failed capture, say) is its rows' error; the others are still measured."""
+    generator = decode.Contender.generator
+
+    def failing(self, length):
+        run = generator(self, length)
+        return run if self.name != "rfa" or length < 12 else lambda: (_ for _ in ()).throw(RuntimeError("no capture"))
+    monkeypatch.setattr(decode.Contender, "generator", failing)
+    rows = decode.main(["synthetic", "--task", "lm", "--lengths", "3", "12", "40", "--models", "softmax", "rfa"] + TINY)
+    by = {(r["model"], r["length"]): r for r in rows}
+    assert all(by[("softmax", n)]["tokens_per_s"] > 0 for n in (3, 12, 40)) and by[("rfa", 3)]["tokens_per_s"] > 0
+    assert by[("rfa", 12)]["error"] == by[("rfa", 40)]["error"] == "RuntimeError: no capture"
+    assert "tokens_per_s" not in by[("rfa", 40)] and decode.harness.exit_status(rows) == 1
+    assert decode.harness.exit_status([r for r in rows if r["model"] == "softmax"]) == 0

@@ -40,6 +40,21 @@ def test_lm_rows_and_ratios():
         assert r["ratio_sdpa"] == pytest.approx(r["tokens_per_s"] / by[("sdpa", r["length"])]["tokens_per_s"])
 
 
+def test_a_variant_that_fails_leaves_the_other_rows(monkeypatch):
+    lm_step = train.lm_step
+
+    def failing(args, variant, length):
+        if variant == "rfa" and length == 32:
+            raise RuntimeError("Triton compile error\nmore lines")
+        return lm_step(args, variant, length)
+    monkeypatch.setattr(train, "lm_step", failing)
+    rows = train.main(["lm", "--lengths", "16", "32", "64", "--variants", "softmax", "rfa"] + COMMON)
+    by = {(r["model"], r["length"]): r for r in rows}
+    assert all(by[("softmax", n)]["seconds"] > 0 for n in (16, 32, 64)) and by[("rfa", 16)]["seconds"] > 0
+    assert by[("rfa", 32)]["error"] == "RuntimeError: Triton compile error"
+    assert by[("rfa", 64)]["skipped"] == "failed at length 32" and train.harness.exit_status(rows) == 1
+
+
 def test_dtype_casts_the_model_and_backend_variants_name_their_kernels():
     args = train.parse_args(["lm", "--dtype", "bf16"] + COMMON)
     model = train.build_lm(args, "rfa_gate_torch", 32)[0]
