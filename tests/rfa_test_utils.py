@@ -152,7 +152,9 @@ def fla_on_this_machine():
     from triton.runtime.interpreter import _implicit_cvt
 
     autotuner.Autotuner.do_bench = property(lambda self: lambda fn, quantiles=None: [0.0, 0.0, 0.0])
-    chunk_h.range = lambda *args: (_implicit_cvt(i) for i in builtins.range(*args))
+    def index(bound):  # Triton 3.6's interpreter passes the loop bound as a one-element tensor, 3.7's as an int
+        return int(bound.handle.data.reshape(-1)[0]) if hasattr(bound, "handle") else bound
+    chunk_h.range = lambda *args: (_implicit_cvt(i) for i in builtins.range(*map(index, args)))
 
 
 def fx_capture(step, warmup, state, pool=None):
