@@ -1,5 +1,6 @@
 """The decoding form (rfa_fairseq/inference.py): fused causal projections, the precomputed
 gaussian feature map and, with --int8-inference, int8 linear layers."""
+import re
 from argparse import Namespace
 
 import pytest
@@ -7,8 +8,9 @@ import torch
 from torch import nn
 
 from rfa_fairseq.modules import CausalRFAttention
+from rfa_fairseq.modules import int8_linear
 from rfa_fairseq.modules.int8_linear import Int8Linear, quantize_linears_
-from rfa_test_utils import random_tokens
+from rfa_test_utils import needs_int8_kernel, random_tokens
 
 GENERATE_CFG = Namespace(generation=Namespace(beam=4))  # what prepare_for_inference_ reads of fairseq-generate's
 
@@ -17,6 +19,7 @@ def linears(model):
     return sum(type(m) is nn.Linear for m in model.modules()), sum(type(m) is Int8Linear for m in model.modules())
 
 
+@needs_int8_kernel
 @pytest.mark.parametrize("family", ["lm", "translation"])
 def test_prepare_for_inference_quantizes_every_linear_layer_only_when_asked(lm_model, translation_model, family):
     make = lm_model if family == "lm" else translation_model
@@ -31,6 +34,7 @@ def test_prepare_for_inference_quantizes_every_linear_layer_only_when_asked(lm_m
     assert not model.training
 
 
+@needs_int8_kernel
 @pytest.mark.parametrize("window", [[], ["--rfa-local-window", "6"]], ids=["", "window"])
 @pytest.mark.parametrize("family", ["lm", "translation"])
 def test_prepare_for_inference_fuses_the_causal_projections_and_keeps_the_outputs(lm_model, translation_model, family,
@@ -59,6 +63,7 @@ def test_prepare_for_inference_fuses_the_causal_projections_and_keeps_the_output
         attn[0](torch.randn(3, 2, attn[0].embed_dim))
 
 
+@needs_int8_kernel
 def test_int8_logits_follow_float32_and_decode_as_the_full_pass(lm_model):
     """int8 weights (per output row) and inputs (per call) move the logits by a few percent of their
     spread; step by step, each step's input is quantized alone, so incremental decoding agrees with
@@ -84,3 +89,11 @@ def test_quantizing_refuses_a_model_in_training_mode(lm_model):
     _, model = lm_model()
     with pytest.raises(ValueError, match="eval"):
         quantize_linears_(model.train())
+
+
+def test_quantizing_refuses_a_torch_whose_int_mm_takes_no_uint8(lm_model, monkeypatch):
+    """torch 2.11's CPU _int_mm takes int8 rows only: there the int8 layers are refused by name."""
+    _, model = lm_model()
+    monkeypatch.setattr(int8_linear, "int_mm_takes_uint8", lambda: False)  # as torch 2.11's
+    with pytest.raises(RuntimeError, match=re.escape(f"torch {torch.__version__} does not") + ".*--int8-inference"):
+        quantize_linears_(model.eval())

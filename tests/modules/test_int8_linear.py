@@ -2,7 +2,6 @@
 inputs quantized per row, in plain PyTorch ops; quantize_linears_ swaps a model's linear layers."""
 import copy
 import io
-import re
 import warnings
 
 import pytest
@@ -10,10 +9,13 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import nn
 
+from rfa_test_utils import needs_int8_kernel
+
 from rfa_fairseq.modules import int8_linear
 from rfa_fairseq.modules.int8_linear import Int8Linear, quantize_input, quantize_linears_
 
 KERNELS = ["int_mm", "blocked"]
+pytestmark = needs_int8_kernel
 
 
 @pytest.fixture(params=KERNELS)
@@ -227,12 +229,6 @@ def test_quantize_linears_refuses_training_mode_and_other_devices():
     with pytest.raises(ValueError, match="CPU only"):
         quantize_linears_(nn.Sequential(nn.Linear(4, 4, device="meta")).eval())
 
-
-def test_quantize_linears_refuses_a_torch_whose_int_mm_takes_no_uint8(monkeypatch):
-    """torch 2.11's CPU _int_mm takes int8 rows only: there the int8 layers are refused by name."""
-    monkeypatch.setattr(int8_linear, "int_mm_takes_uint8", lambda: False)  # as torch 2.11's
-    with pytest.raises(RuntimeError, match=re.escape(f"torch {torch.__version__} does not") + ".*--int8-inference"):
-        quantize_linears_(toy_model().eval())
 
 
 def test_quantize_linears_keeps_fairseq_multihead_attention_working():
