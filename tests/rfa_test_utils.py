@@ -168,6 +168,15 @@ def fla_on_this_machine():
     chunk_h.range = lambda *args: (_implicit_cvt(i) for i in builtins.range(*map(index, args)))
 
 
+def skip_where_fla_refuses_gated_backward(gated: bool):
+    """Skip a test of RFA-Gate's gradients through fla on a GPU stack where fla refuses them (Hopper with
+    Triton >= 3.4 and < 3.7.1, its issue 640): users get fla's error there, and ``--rfa-backend auto`` torch."""
+    from rfa_fairseq.ops.causal_rfa.fla import fla_chosen
+
+    if gated and torch.cuda.is_available() and not fla_chosen("auto", torch.device("cuda"), gated=True):
+        pytest.skip("fla refuses RFA-Gate's backward on this GPU's stack (Hopper, Triton < 3.7.1: fla issue 640)")
+
+
 def fx_capture(step, warmup, state, pool=None):
     """A CUDA graph's capture (``models/step_graphs.capture_cuda_graph``'s signature) emulated on any device:
     ``step`` traced once into an operator graph (torch.fx, real tensors). As in a CUDA graph, the tensors

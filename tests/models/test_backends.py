@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rfa_test_utils import fla_on_this_machine, random_tokens
+from rfa_test_utils import fla_on_this_machine, random_tokens, skip_where_fla_refuses_gated_backward
 
 from rfa_fairseq.modules import CausalRFAttention
 from rfa_fairseq.ops.causal_rfa.fla import fla_chosen
@@ -37,6 +37,7 @@ def assert_same(a, b):
 @pytest.mark.parametrize("gate", GATES)
 def test_lm_loss_and_gradients_equal_across_backends(lm_model, gate):
     fla_on_this_machine()
+    skip_where_fla_refuses_gated_backward("--rfa-gate" in gate)
     task, model = lm_model("--rfa-fixed-features", *gate)
     model.train()
     pad = task.dictionary.pad()
@@ -53,6 +54,7 @@ def test_lm_loss_and_gradients_equal_across_backends(lm_model, gate):
 @pytest.mark.slow
 def test_translation_loss_and_gradients_equal_across_backends(translation_model):
     fla_on_this_machine()
+    skip_where_fla_refuses_gated_backward(True)
     task, model = translation_model("--rfa-fixed-features", "--rfa-gate")
     model.train()
     gen = torch.Generator().manual_seed(2)
