@@ -201,8 +201,8 @@ def synthetic(args):
             for rep in range(args.repeats):
                 for c, row, fn, repeats in plan:
                     if c.failed:
-                        row["error"] = c.failed
-                    elif rep == 0:  # memory: the first run, without the previous run's state alive
+                        continue
+                    if rep == 0:  # memory: the first run, without the previous run's state alive
                         c.state = None
                         gc.collect()
                         with harness.PeakMemory(args.device) as mem:

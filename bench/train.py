@@ -139,13 +139,6 @@ def lm_step(args, variant, length):
     return step, model, dict(batch=batch, tokens=batch * length)
 
 
-def fla_guard_raised() -> bool:
-    """Whether fla refuses gated backward passes on this stack (Hopper, Triton >= 3.4 and < 3.7.1)."""
-    import fla.ops.common.chunk_o as chunk_o
-
-    return chunk_o.IS_NVIDIA_HOPPER and chunk_o.TRITON_ABOVE_3_4_0 and not chunk_o.TRITON_ABOVE_3_7_1
-
-
 def fla_gradient_errors(args, length) -> dict:
     """RMS(fla - torch) / RMS(torch) of the gradients of phi(q), phi(k), v and log g through one causal RFA-Gate
     op at the lm benchmark's shapes for ``length`` (batch, heads, the default features and head size): fla in
@@ -173,7 +166,9 @@ def unguard_fla(args) -> dict:
     """``--fla-unguard`` (see the module's docstring): the check's errors, and whether the guard was lifted."""
     import fla.ops.common.chunk_o as chunk_o
 
-    if not fla_guard_raised():
+    from rfa_fairseq.ops.causal_rfa.fla import fla_refuses_gated_backward
+
+    if not fla_refuses_gated_backward():
         return {"guard": "not raised on this stack"}
     chunk_o.TRITON_ABOVE_3_7_1 = True  # the guard's own condition, read when a gated backward starts
     errors = {length: fla_gradient_errors(args, length) for length in args.lengths}
@@ -354,11 +349,11 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    from rfa_fairseq.ops.causal_rfa.fla import fla_installed
+    from rfa_fairseq.ops.causal_rfa.fla import fla_installed, fla_refuses_gated_backward
 
     args = parse_args(argv)
     fla_guard = None
-    if args.mode == "lm" and "rfa_gate_fla" in args.variants and fla_installed() and fla_guard_raised():
+    if args.mode == "lm" and "rfa_gate_fla" in args.variants and fla_installed() and fla_refuses_gated_backward():
         if not args.fla_unguard:
             sys.exit("rfa_gate_fla: fla-core refuses RFA-Gate's backward on this stack (Hopper with Triton >= 3.4 and "
                      "< 3.7.1, its issue 640); upgrade Triton, or pass --fla-unguard to check fla's gradients here "

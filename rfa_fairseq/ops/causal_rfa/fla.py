@@ -45,9 +45,15 @@ def fla_chosen(backend: str, device: torch.device, gated: bool) -> bool:
         return backend == "fla"
     if device.type != "cuda" or not fla_installed():
         return False
-    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    return not (gated and fla_refuses_gated_backward())
 
-    return not (gated and IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1)
+
+def fla_refuses_gated_backward() -> bool:
+    """Whether fla refuses gated backward passes on this stack (Hopper with Triton >= 3.4 and < 3.7.1, its issue
+    640): the condition of fla's own guard, read where the guard reads it."""
+    import fla.ops.common.chunk_o as guard
+
+    return guard.IS_NVIDIA_HOPPER and guard.TRITON_ABOVE_3_4_0 and not guard.TRITON_ABOVE_3_7_1
 
 
 @exact_dtypes
