@@ -151,9 +151,6 @@ def rfa_config_from(args) -> RFAConfig:
     if non_negative_int(flag("rfa_local_window"), values["rfa_local_window"]) and values["rfa_kernel"] == "elu":
         raise ValueError("--rfa-local-window needs a random-feature kernel: elu's features are exact already")
     values["rfa_backend"] = one_of(flag("rfa_backend"), values["rfa_backend"], BACKENDS)
-    if values["rfa_backend"] == "fla" and values["rfa_local_window"]:
-        raise ValueError("--rfa-backend fla has no local window: use --rfa-backend torch or auto with "
-                         "--rfa-local-window")
     return RFAConfig(**values)
 
 

@@ -1,30 +1,27 @@
-"""A trained model's decoding form, made in one place.
+"""A trained model's inference form, made in one place.
 
-fairseq-generate, fairseq-interactive and fairseq-eval-lm call the model's
-``prepare_for_inference_`` after loading it (:class:`InferenceMixin`); that converts the model:
+fairseq-generate, fairseq-interactive and fairseq-eval-lm call the model's ``prepare_for_inference_``
+after loading it (:class:`InferenceMixin`), which, beyond fairseq's own preparation, converts the model as
+its flags ask (:func:`to_decoding_form_`):
 
-- every causal RFA layer computes q, k, v and the gate's logit with one linear layer instead of
-  four (a decoding step is a handful of rows, so each layer call costs about as much as its
-  weight plus a fixed overhead: one call pays the overhead once), and with the ``gaussian``
-  kernel takes its feature map precomputed (``ops.gaussian_step_weights``: one bmm and one sine
-  make ``[sin | cos]``);
-- with ``--int8-inference``, on the CPU, every linear layer holds int8 weights with one scale per
-  output row (``modules.int8_linear``): at decoding's small batches a linear layer reads its whole
-  weight for a few rows, and int8 reads a quarter as much.
+- with ``--int8-inference``, on the CPU, every linear layer holds int8 weights with one scale per output
+  row (``modules.int8_linear``): at decoding's small batches a linear layer reads its whole weight for a
+  few rows, and int8 reads a quarter as much;
+- with ``--cuda-graphs``, every decoding step after the first is replayed as a CUDA graph
+  (``step_graphs.py``).
 
-The conversion swaps modules and cannot be undone: a converted model does not train, and a
+The int8 conversion swaps modules and cannot be undone: a converted model does not train, and a
 checkpoint is always saved from the training form.
 """
 from dataclasses import dataclass, field
 
 import torch
 from fairseq.dataclass import FairseqDataclass
+from fairseq.modules import MultiheadAttention
 from torch import nn
 
-from .modules import CausalRFAttention
-from .models.step_graphs import StepGraphs
-from .modules.int8_linear import quantize_linears_
-from .ops import gaussian_step_weights
+from .modules.int8_linear import Int8Linear, int_mm_takes_uint8
+from .step_graphs import StepGraphs
 
 
 @dataclass
@@ -39,48 +36,59 @@ class InferenceConfig(FairseqDataclass):
     cuda_graphs: bool = field(
         default=False,
         metadata={"help": "at inference on a CUDA device, every decoding step after the first replayed as one CUDA "
-                          "graph, one per batch size and state layout (rfa_fairseq/models/step_graphs.py); RFA "
+                          "graph, one per batch size and state layout (rfa_fairseq/step_graphs.py); RFA "
                           "decoders only. For a trained checkpoint: --model-overrides \"{'cuda_graphs': True}\""},
     )
 
 
-@torch.no_grad()
-def fuse_causal_rfa_(module: CausalRFAttention):
-    """``module`` in its decoding form: ``in_proj`` in place of q_proj, k_proj, v_proj and gate_proj
-    (their weights copied, stacked), and the gaussian feature map's step weights."""
-    projs = [p for p in (module.q_proj, module.k_proj, module.v_proj, module.gate_proj) if p is not None]
-    w = projs[0].weight
-    fused = nn.Linear(module.embed_dim, sum(p.out_features for p in projs), device=w.device, dtype=w.dtype)
-    fused.weight.copy_(torch.cat([p.weight for p in projs]))
-    fused.bias.copy_(torch.cat([p.weight.new_zeros(p.out_features) if p.bias is None else p.bias for p in projs]))
-    module.q_proj = module.k_proj = module.v_proj = module.gate_proj = None
-    module.in_proj = fused
-    if module.feature_map.kernel == "gaussian":
-        module.step_projection, module.step_phase = gaussian_step_weights(module.feature_map.random_matrix,
-                                                                          module.feature_map.sigma)
+def quantize_linears_(model: nn.Module) -> nn.Module:
+    """Replace every ``nn.Linear`` in ``model`` (fairseq's output projection included), in place, by an
+    :class:`Int8Linear`; returns ``model``. For a model in evaluation mode on the CPU. Subclasses of nn.Linear
+    stay (as with torch's quantize_dynamic): torch's own MultiheadAttention, for one, reads its
+    ``out_proj.weight``."""
+    if model.training:
+        raise ValueError("int8 quantization is for decoding: call model.eval() first (the int8 layers cannot train)")
+    if any(t.device.type != "cpu" for t in [*model.parameters(), *model.buffers()]):
+        raise ValueError("int8 layers run on the CPU only (oneDNN's CPU kernels): move the model with .cpu()")
+    if not int_mm_takes_uint8():
+        raise RuntimeError(f"int8 layers need torch._int_mm to take uint8 rows on the CPU, which torch {torch.__version__} "
+                           "does not (torch 2.13 does): upgrade torch, or decode without --int8-inference")
+    for module in list(model.modules()):
+        if isinstance(module, MultiheadAttention):
+            # fairseq's softmax attention hands its projections' weights to torch's fused attention outside
+            # decoding steps, and int8 layers have none to hand: this flag (fairseq's own, for pruned
+            # models) sends it down its other path, which calls the projections.
+            module.skip_embed_dim_check = True
+        for name, child in module.named_children():
+            if type(child) is nn.Linear:
+                setattr(module, name, Int8Linear.from_float(child))
+    return model
 
 
-def to_decoding_form_(model: nn.Module, int8: bool = False) -> nn.Module:
-    """Convert ``model`` (in evaluation mode) as the module docstring says; returns it."""
+def to_decoding_form_(model: nn.Module, int8: bool = False, cuda_graphs: bool = False) -> nn.Module:
+    """``model`` (in evaluation mode) with int8 linear layers (``int8``) and its decoding steps replayed as CUDA
+    graphs (``cuda_graphs``: an RFA decoder's); returns it."""
     if model.training:
         raise ValueError("the decoding form is for inference: call model.eval() first")
-    for module in model.modules():
-        if isinstance(module, CausalRFAttention) and module.in_proj is None:
-            fuse_causal_rfa_(module)
     if int8:
         quantize_linears_(model)
+    if cuda_graphs:
+        model.decoder.step_graphs = StepGraphs(model.decoder)
     return model
 
 
 class InferenceMixin:
-    """Model mixin: ``prepare_for_inference_`` converts the model to its decoding form, with int8
-    layers when it was built with ``--int8-inference`` and graphs of the decoding step with
-    ``--cuda-graphs`` (``self.int8_inference``, ``self.cuda_graphs``: set by ``build_model``)."""
+    """Model mixin: ``prepare_for_inference_`` converts the model to its decoding form, with int8 layers when
+    it was built with ``--int8-inference`` and graphs of the decoding step with ``--cuda-graphs``
+    (``self.int8_inference``, ``self.cuda_graphs``: set by ``build_model``); ``set_beam_size`` tells the
+    decoder's modules the beam."""
 
     int8_inference = cuda_graphs = False
 
     def prepare_for_inference_(self, cfg):
         super().prepare_for_inference_(cfg)  # fairseq's: evaluation mode, no training after it
-        to_decoding_form_(self, self.int8_inference)
-        if self.cuda_graphs:
-            self.decoder.step_graphs = StepGraphs(self.decoder)
+        to_decoding_form_(self, self.int8_inference, self.cuda_graphs)
+
+    def set_beam_size(self, beam_size):
+        """Called by fairseq's SequenceGenerator (for beams above 1): see ``modules/beam.py``."""
+        self.decoder.set_beam_size(beam_size)

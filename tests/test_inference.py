@@ -9,7 +9,8 @@ from torch import nn
 
 from rfa_fairseq.modules import CausalRFAttention
 from rfa_fairseq.modules import int8_linear
-from rfa_fairseq.modules.int8_linear import Int8Linear, quantize_linears_
+from rfa_fairseq.inference import quantize_linears_
+from rfa_fairseq.modules.int8_linear import Int8Linear
 from rfa_test_utils import needs_int8_kernel, random_tokens
 
 GENERATE_CFG = Namespace(generation=Namespace(beam=4))  # what prepare_for_inference_ reads of fairseq-generate's

@@ -16,6 +16,7 @@ Works for the translation models (``rfa_transformer``) and the language models
 (``rfa_transformer_lm``); the task and its options come from the checkpoint.
 """
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def main(argv=None):
 
     from ..modules import CausalRFAttention, CrossRFAttention
     from ..modules.heads import split_heads
-    from ..ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state
+    from ..ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state, window_causal_rfa
 
     utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
     if not Path(args.path).is_file():
@@ -55,7 +56,7 @@ def main(argv=None):
         ignore_invalid_inputs=True, seed=1,
     ).next_epoch_itr(shuffle=False)
 
-    gate_sum = {name: 0.0 for name, m in modules.items() if getattr(m, "gate_proj", None) is not None}
+    gate_sum = {name: 0.0 for name, m in modules.items() if getattr(m, "gated", False)}
     gate_count = {name: 0 for name in gate_sum}
     seen, clamped, negative = ({name: 0 for name in modules} for _ in range(3))
     real = {}  # the current batch's non-padding positions, [T, B, 1]
@@ -67,9 +68,10 @@ def main(argv=None):
         query = kwargs["query"] if "query" in kwargs else args_[0]  # fairseq's layers pass it by name
         key_padding_mask = kwargs.get("key_padding_mask")
         if isinstance(mod, CausalRFAttention):
-            q, k, v, log_g = mod._project(query, key_padding_mask)
-            ratio, _ = chunk_causal_rfa(q, k, v.new_ones(*v.shape[:3], 1), log_g, eps=mod.eps,
-                                        convex=mod.convex, chunk_size=mod.chunk_size)
+            q, k, v, log_g, kw = mod._inputs(query, key_padding_mask)
+            op = functools.partial(window_causal_rfa, window=mod.local_window, **kw) if kw else chunk_causal_rfa
+            ratio, _ = op(q, k, v.new_ones(*v.shape[:3], 1), log_g, eps=mod.eps, convex=mod.convex,
+                          chunk_size=mod.chunk_size)
         else:
             key = kwargs["key"] if "key" in kwargs else args_[1]
             q = mod.feature_map(split_heads(mod.q_proj(query), mod.num_heads))
@@ -86,11 +88,11 @@ def main(argv=None):
     for name, m in modules.items():
         hooks.append(m.register_forward_hook(lambda *a, name=name: count_denominators(*a, name), with_kwargs=True))
         if name in gate_sum:
-            def record_gate(mod, inp, out, name=name):
-                g = torch.sigmoid(out.float()) * real["mask"]
+            def record_gate(mod, inp, out, name=name, heads=m.num_heads):  # the gate's logits: in_proj's last columns
+                g = torch.sigmoid(out[..., -heads:].float()) * real["mask"]
                 gate_sum[name] += g.sum().item()
-                gate_count[name] += int(real["mask"].sum().item()) * out.size(-1)
-            hooks.append(m.gate_proj.register_forward_hook(record_gate))
+                gate_count[name] += int(real["mask"].sum().item()) * heads
+            hooks.append(m.in_proj.register_forward_hook(record_gate))
     batches = 0
     with torch.no_grad():
         for sample in itr:

@@ -15,7 +15,7 @@ import argparse
 import torch
 
 # importing the package allow-lists what fairseq checkpoints pickle
-from ..modules.random_feature_map import draw_seed
+from ..modules.random_feature_map import draw_seed, feature_map_id
 from ..ops import sample_random_matrix
 from ..validation import positive_int
 
@@ -50,8 +50,7 @@ def redraw(state: dict, seed: int, causal_dim=None, cross_dim=None, scale: int =
         new_d = (cross_dim if cross else causal_dim) or scale * D
         dims["rfa_cross_feature_dim" if cross else "rfa_causal_feature_dim"] = new_d
         layer = int(name.split(".layers.")[1].split(".")[0])
-        module_id = 2 * layer + int(cross)  # as the decoder numbers its feature maps
-        gen = torch.Generator().manual_seed(draw_seed(seed, 0, module_id))
+        gen = torch.Generator().manual_seed(draw_seed(seed, 0, feature_map_id(layer, cross)))
         weights[name] = sample_random_matrix(kind, H, new_d, K, gen).to(weights[name].dtype)
     for flag, value in dims.items():
         if isinstance(args, dict):

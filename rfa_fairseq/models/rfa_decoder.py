@@ -4,7 +4,7 @@ the translation model's softmax decoder (``--decoder-attention softmax``), fairs
 The builders are overridden, and fairseq's layers, embeddings, output projections and incremental-decoding
 protocol are used as they are (Time x Batch x Channel inside layers). The RFA decoder adds two forwards of its
 own: a stateful LM's next block (``stream_state``), and the decoding step after the first
-(:meth:`RFATransformerDecoder.forward_step`, which a CUDA graph can replay: ``models/step_graphs.py``). Softmax
+(:meth:`RFATransformerDecoder.forward_step`, which a CUDA graph can replay: ``rfa_fairseq/step_graphs.py``). Softmax
 cross attention, in either decoder, is :class:`SoftmaxCrossAttention`: fairseq's, with one copy of
 the source's keys and values per sentence in beam search.
 """
@@ -17,6 +17,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from ..config import RFAConfig
 from ..modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap, SoftmaxCrossAttention
+from ..modules.random_feature_map import feature_map_id
 from ..modules.rfa_attention_base import IncrementalState
 from .wrapping import wrap_layer
 
@@ -60,7 +61,7 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
         rfa = self.rfa
         return CausalRFAttention(
             embed_dim, cfg.decoder.attention_heads,
-            self._feature_map(cfg, rfa.rfa_causal_feature_dim, module_id=2 * self.layer_idx),
+            self._feature_map(cfg, rfa.rfa_causal_feature_dim, feature_map_id(self.layer_idx, cross=False)),
             gate=rfa.rfa_gate, gate_form=rfa.rfa_gate_form, gate_bias=rfa.rfa_gate_bias, eps=rfa.rfa_eps,
             chunk_size=rfa.rfa_chunk_size, recompute=rfa.rfa_recompute, recompute_segment=rfa.rfa_recompute_segment,
             local_window=rfa.rfa_local_window, backend=rfa.rfa_backend,
@@ -72,7 +73,7 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
         rfa = self.rfa
         return CrossRFAttention(
             embed_dim, cfg.decoder.attention_heads,
-            self._feature_map(cfg, rfa.rfa_cross_feature_dim, module_id=2 * self.layer_idx + 1),
+            self._feature_map(cfg, rfa.rfa_cross_feature_dim, feature_map_id(self.layer_idx, cross=True)),
             kdim=cfg.encoder.embed_dim, eps=rfa.rfa_eps, abs_denominator=rfa.rfa_cross_abs_denominator,
             norm_rescale=rfa.rfa_cross_norm_rescale, recompute=rfa.rfa_recompute,
         )
@@ -116,7 +117,7 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                  output_projection=None, cross_attention: str = "rfa", decoding_attention: bool = False):
         self.rfa, self.cross_attention = rfa, cross_attention
         self._layers_built = 0
-        self.step_graphs = None  # models/step_graphs.StepGraphs, set by rfa_fairseq.inference (--cuda-graphs)
+        self.step_graphs = None  # rfa_fairseq.step_graphs.StepGraphs, set by rfa_fairseq.inference (--cuda-graphs)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection, decoding_attention=decoding_attention)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
@@ -134,7 +135,9 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         A decoding step after the first goes through :meth:`forward_step` (replayed as a CUDA graph with
         ``step_graphs``); the first step, which builds the states, is fairseq's."""
         if stream_state is None:
-            if self._takes_step(prev_output_tokens, incremental_state, features_only, kwargs):
+            # a decoding step after the first, with nothing asked of it but the output (the first builds the
+            # states; attention weights are fairseq's to return)
+            if incremental_state and not (features_only or kwargs or self.decoding_attention):
                 tokens, position = prev_output_tokens[:, -1:], self._position_index(prev_output_tokens)
                 out = None if self.step_graphs is None else self.step_graphs(tokens, position, encoder_out,
                                                                              incremental_state)
@@ -155,7 +158,7 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         return (x if features_only else self.output_layer(x)), {"attn": [None], "inner_states": [x]}
 
     def forward_step(self, tokens: Tensor, position: Tensor, encoder_out, incremental_state: IncrementalState) -> Tensor:
-        """One decoding step after the first: ``tokens [B, 1]`` (no pad) at ``position`` (``[1]``, the row of
+        """One decoding step after the first: ``tokens [B, 1]`` (a pad neither writes nor decays a state) at ``position`` (``[1]``, the row of
         the position table: ``padding_idx`` + the tokens so far), every layer's state already in
         ``incremental_state``. Returns ``output_layer``'s output ``[B, 1, V]``, as fairseq's forward.
 
@@ -168,15 +171,10 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
             positions = self._position_table().index_select(0, position)  # [1, C], the same for every row
         x = self._embed(tokens, positions)
         enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+        pad = tokens.eq(self.padding_idx)
         for layer in self.layers:
-            x, _, _ = layer(x, enc, None, incremental_state)
+            x, _, _ = layer(x, enc, None, incremental_state, self_attn_padding_mask=pad)
         return self.output_layer(self._features(x))
-
-    def _takes_step(self, prev_output_tokens, incremental_state, features_only, kwargs) -> bool:
-        """A decoding step after the first, with nothing asked of it but the output: :meth:`forward_step`'s.
-        (The first step builds the states; a pad takes fairseq's masked path; weights need fairseq's.)"""
-        return (bool(incremental_state) and not features_only and not kwargs and not self.decoding_attention
-                and not prev_output_tokens[:, -1].eq(self.padding_idx).any())
 
     def _position_index(self, prev_output_tokens) -> int:
         """The position table's row of the last of ``prev_output_tokens``, as fairseq's embeddings count in decoding;

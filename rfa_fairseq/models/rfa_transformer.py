@@ -73,9 +73,6 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
                                  f"fairseq-interactive)")
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
-    def set_beam_size(self, beam_size):
-        """Called by fairseq's SequenceGenerator (for beams above 1): see ``modules/beam.py``."""
-        self.decoder.set_beam_size(beam_size)
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):

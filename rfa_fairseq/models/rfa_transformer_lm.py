@@ -50,9 +50,6 @@ class RFATransformerLanguageModel(InferenceMixin, TransformerLanguageModel):
         model.cuda_graphs = bool(safe_getattr(args, "cuda_graphs", False))
         return model
 
-    def set_beam_size(self, beam_size):
-        """Called by fairseq's SequenceGenerator (for beams above 1): see RFATransformerDecoder."""
-        self.decoder.set_beam_size(beam_size)
 
     @classmethod
     def build_lm_input_embedding(cls, args, task):

@@ -32,13 +32,17 @@ Inference on the CPU only, no backward pass.
 import functools
 
 import torch
-from fairseq.modules import MultiheadAttention
 from torch import nn
 
 _TINY = torch.finfo(torch.float32).tiny
 _SHIFT = torch.tensor(128.5)  # 128 for uint8, 0.5 to round: floor(v + 128.5) = round(v) + 128
 _BLOCKED_MIN_NUMEL = 2 ** 19
-_HAS_BLOCKED = torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+@functools.lru_cache(maxsize=None)
+def has_blocked_kernel() -> bool:
+    """Whether this torch has oneDNN's int8 linear on the blocked weight."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,7 +94,7 @@ class Int8Linear(nn.Module):
         if self._derived is None:
             correction = 128 * self.weight.sum(1, dtype=torch.int32)
             blocked = None
-            if _HAS_BLOCKED and self.weight.numel() >= _BLOCKED_MIN_NUMEL:
+            if has_blocked_kernel() and self.weight.numel() >= _BLOCKED_MIN_NUMEL:
                 blocked = torch.ops.onednn.qlinear_prepack(self.weight, None)
             n = self.out_features
             self._derived = correction, blocked, torch.zeros(n, dtype=torch.long), torch.zeros(n)
@@ -126,33 +130,3 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
-
-def quantize_linears_(model: nn.Module) -> nn.Module:
-    """Replace every ``nn.Linear`` in ``model`` (fairseq's output projection included), in place, by
-    an :class:`Int8Linear`; returns ``model``. For a model in evaluation mode on the CPU. Subclasses
-    of nn.Linear stay (as with torch's quantize_dynamic): torch's own MultiheadAttention, for one,
-    reads its ``out_proj.weight``."""
-    if model.training:
-        raise ValueError("int8 quantization is for decoding: call model.eval() first (the int8 layers cannot train)")
-    if any(t.device.type != "cpu" for t in [*model.parameters(), *model.buffers()]):
-        raise ValueError("int8 layers run on the CPU only (oneDNN's CPU kernels): move the model with .cpu()")
-    if not int_mm_takes_uint8():
-        raise RuntimeError(f"int8 layers need torch._int_mm to take uint8 rows on the CPU, which torch {torch.__version__} "
-                           "does not (torch 2.13 does): upgrade torch, or decode without --int8-inference")
-    for module in model.modules():
-        if isinstance(module, MultiheadAttention):
-            # fairseq's softmax attention hands its projections' weights to torch's fused attention outside
-            # decoding steps, and int8 layers have none to hand: this flag (fairseq's own, for pruned
-            # models) sends it down its other path, which calls the projections.
-            module.skip_embed_dim_check = True
-    _swap_linears(model)
-    return model
-
-
-def _swap_linears(module: nn.Module):
-    for name, child in module.named_children():
-        if type(child) is nn.Linear:
-            setattr(module, name, Int8Linear.from_float(child))
-        else:
-            _swap_linears(child)

@@ -5,13 +5,17 @@ as it was validated. In training it is redrawn whenever the step changes, unless
 seeded from ``(torch.initial_seed(), num_updates, module_id)``; fairseq reseeds torch with ``--seed +
 num_updates`` at every update on every rank, so draws follow fairseq's seed, agree across ranks and
 repeat on resume. A private CPU generator keeps them apart from dropout's random stream.
+
+At inference (evaluation mode, no autograd) the ``gaussian`` map runs from weights precomputed from sigma
+and the matrix (``ops.gaussian_step_weights``), made again whenever either changes.
 """
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..ops import feature_map, feature_size, sample_random_matrix
+from ..ops import feature_map, feature_size, gaussian_step_features, gaussian_step_weights, sample_random_matrix
+from ..ops.denominator import compute_dtype
 from ..ops.feature_maps import scale_inputs
 
 _M64 = 2**64 - 1
@@ -27,6 +31,11 @@ def draw_seed(initial_seed: int, num_updates: int, module_id: int) -> int:
         x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
         x ^= x >> 31
     return x >> 1
+
+
+def feature_map_id(layer: int, cross: bool) -> int:
+    """The ``module_id`` of a decoder layer's feature map: its draws' seed (two per layer: causal, cross)."""
+    return 2 * layer + int(cross)
 
 
 class RandomFeatureMap(nn.Module):
@@ -54,6 +63,7 @@ class RandomFeatureMap(nn.Module):
         self.register_buffer("random_matrix", torch.zeros(num_heads, num_features, head_dim))
         self.num_updates = 0
         self._drawn_for = None
+        self._inference_weights = (None, None)  # (what they were made from, the weights)
         self.redraw()
 
     def set_num_updates(self, num_updates: int):
@@ -100,7 +110,16 @@ class RandomFeatureMap(nn.Module):
     def forward(self, x: Tensor, random_matrix: Optional[Tensor] = None) -> Tensor:
         """phi(x). ``random_matrix``: a :meth:`matrix_for_recompute` copy to use instead of the
         buffer (then there is no redraw check: the copy is of the current draw)."""
+        if random_matrix is None and self.kernel == "gaussian" and not (self.training or torch.is_grad_enabled()):
+            return gaussian_step_features(x, *self.inference_weights(compute_dtype(x)))
         return feature_map(self.kernel, x, self.sigma, self.matrix(random_matrix))
+
+    def inference_weights(self, dtype: torch.dtype):
+        """``ops.gaussian_step_weights`` of sigma and the matrix in ``dtype``, kept while neither changes."""
+        made_from = (dtype, *((t.data_ptr(), t._version) for t in (self.sigma, self.random_matrix)))
+        if self._inference_weights[0] != made_from:
+            self._inference_weights = made_from, gaussian_step_weights(self.random_matrix.to(dtype), self.sigma.to(dtype))
+        return self._inference_weights[1]
 
     def extra_repr(self) -> str:
         return (f"heads={self.num_heads}, head_dim={self.head_dim}, features={self.num_features}, "

@@ -165,23 +165,22 @@ def exact_kernel(kernel: str, x: Tensor, y: Tensor) -> Tensor:
 
 
 def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor) -> Tuple[Tensor, Tensor]:
-    """The ``gaussian`` feature map precomputed for decoding (:func:`gaussian_step_features`): the random
+    """The ``gaussian`` feature map precomputed for inference (:func:`gaussian_step_features`): the random
     matrix ``[H, D, K]`` with sigma ``[H, K]`` folded in, twice side by side, and the phases ``[0, pi/2]``
     that turn the second half's sines into cosines, so that one bmm and one sine make ``[sin | cos]``.
-    Returns ``projection [H, K, 2 D]`` and ``phase [2 D]``, in fp32 (fp64 for fp64 inputs)."""
-    acc = compute_dtype(random_matrix)
-    w = (random_matrix.to(acc) * sigma.to(acc).unsqueeze(1)).transpose(1, 2)  # [H, K, D]
+    Returns ``projection [H, K, 2 D]`` and ``phase [2 D]``, in the dtype of ``random_matrix``."""
+    w = (random_matrix * sigma.to(random_matrix.dtype).unsqueeze(1)).transpose(1, 2)  # [H, K, D]
     D = w.size(-1)
     phase = torch.cat([w.new_zeros(D), w.new_full((D,), math.pi / 2)])
     return torch.cat([w, w], dim=-1).contiguous(), phase
 
 
 def gaussian_step_features(x: Tensor, projection: Tensor, phase: Tensor) -> Tensor:
-    """``feature_map("gaussian", x, sigma, random_matrix)`` for ``x [..., H, K]`` (a decoding step's
-    queries and keys) from :func:`gaussian_step_weights`: ``[..., H, 2 D]`` in the dtype of
-    ``projection``, in a third fewer operators."""
-    *lead, H, K = x.shape
-    x = l2_normalize(as_dtype(x, projection.dtype)).reshape(-1, H, K).transpose(0, 1)  # [H, N, K]
+    """``feature_map("gaussian", x, sigma, random_matrix)`` for ``x [B, H, T, K]`` from
+    :func:`gaussian_step_weights`: ``[B, H, T, 2 D]`` in the dtype of ``projection``, in a third fewer
+    operators (what a decoding step's time is made of)."""
+    B, H, T, K = x.shape
+    rows = l2_normalize(as_dtype(x, projection.dtype)).transpose(0, 1).reshape(H, B * T, K)
     # bmm then add_, not baddbmm: baddbmm copies the broadcast phases into its output first
-    phi = torch.bmm(x, projection).add_(phase).sin_().mul_((projection.size(-1) // 2) ** -0.5)  # D^-1/2
-    return phi.view(H, *lead, -1).movedim(0, -2)
+    phi = torch.bmm(rows, projection).add_(phase).sin_().mul_((projection.size(-1) // 2) ** -0.5)  # D^-1/2
+    return phi.view(H, B, T, -1).transpose(0, 1)

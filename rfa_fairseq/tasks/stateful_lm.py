@@ -9,12 +9,7 @@ processes; row ``r`` holds blocks ``r L .. r L + L - 1``, batch ``i`` is column 
 its own rows), the last rows padded where the text runs out. Positions restart at every block: older
 text reaches the model only through the state, ``model(src_tokens, stream_state=STATE)`` (a dict,
 ``{}`` at a stream's start).
-
-``--stream-groups``, ``--no-carry-state``, ``--carry-positions`` and ``--burn-in-blocks 0`` (training
-along contiguous streams, which trained worse: docs/quality.md) are refused by name, whether a command
-line, a config or a checkpoint sets them.
 """
-import argparse
 import logging
 import os
 from collections import UserDict
@@ -27,23 +22,12 @@ from fairseq.data import Dictionary, TokenBlockDataset, data_utils, iterators
 from fairseq.data.indexed_dataset import get_available_dataset_impl
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
-from omegaconf import II, OmegaConf
+from omegaconf import II
 
 from ..modules import CausalRFAttention
 from ..validation import positive_int
 
 logger = logging.getLogger(__name__)
-
-# (config field, its old default, flag): the settings of training along streams, refused
-REMOVED = (("stream_groups", 1, "--stream-groups"), ("no_carry_state", False, "--no-carry-state"),
-           ("carry_positions", False, "--carry-positions"))
-RESCORE = ("To score it as the task now does, pass --model-overrides \"" + str({**{n: d for n, d, _ in REMOVED},
-           "burn_in_blocks": 2}) + "\" (a model trained with --carry-positions then sees its positions restart at "
-           "every block), or score it with --task language_modeling.")
-
-
-def hidden(default):  # a removed setting: parsed (to be refused by name), not listed in --help
-    return field(default=default, metadata={"help": argparse.SUPPRESS})
 
 
 @dataclass
@@ -60,27 +44,9 @@ class StatefulLMConfig(FairseqDataclass):
                 "blocks before it (validation and fairseq-eval-lm carry it through the whole split)"})
     # Read by fairseq's language model config; blocks continue the text, so there is no BOS to add.
     add_bos_token: bool = field(default=False, metadata={"help": "not supported by rfa_stateful_lm"})
-    stream_groups: int = hidden(1)
-    no_carry_state: bool = hidden(False)
-    carry_positions: bool = hidden(False)
     dataset_impl: Optional[ChoiceEnum(get_available_dataset_impl())] = II("dataset.dataset_impl")
     train_subset: str = II("dataset.train_subset")
     seed: int = II("common.seed")
-
-
-def refuse_removed(cfg, where: str, todo: str = RESCORE):
-    """Raise if the task config ``cfg`` (DictConfig, dict or Namespace; ``where`` says whose) sets a
-    removed setting, naming each; ``todo``: what to do instead."""
-    get = cfg.get if hasattr(cfg, "get") else lambda name, default: getattr(cfg, name, default)
-    flags = [flag + ("" if isinstance(old, bool) else f" {get(name, old)}")
-             for name, old, flag in REMOVED if get(name, old) not in (old, None)]
-    flags += ["--burn-in-blocks 0"] if get("burn_in_blocks", 2) == 0 else []
-    if flags:
-        raise ValueError(
-            f"{where} {', '.join(flags)}, which --task rfa_stateful_lm no longer has (they trained along "
-            "contiguous streams: the task now trains on shuffled blocks, each after a burn-in over "
-            "--burn-in-blocks N >= 1 blocks, and carries the state through validation and fairseq-eval-lm, positions "
-            f"restarting at every block). {todo}")
 
 
 def stream_layout(num_blocks: int, rows: int, num_shards: int = 1, shard_id: int = 0) -> torch.Tensor:
@@ -126,8 +92,6 @@ class StatefulLanguageModelingTask(FairseqTask):
 
     @classmethod
     def setup_task(cls, cfg: StatefulLMConfig, **kwargs):
-        refuse_removed(cfg, *(["this checkpoint was trained with"] if kwargs.get("from_checkpoint") else
-                              ["this run sets", "Drop them (the default is --burn-in-blocks 2)."]))
         if not cfg.data:
             raise ValueError("--task rfa_stateful_lm needs the data directory")
         dictionary = Dictionary.load(os.path.join(utils.split_paths(cfg.data)[0], "dict.txt"))
@@ -137,7 +101,6 @@ class StatefulLanguageModelingTask(FairseqTask):
     source_dictionary = target_dictionary = property(lambda self: self.dictionary)
 
     def build_model(self, cfg, from_checkpoint=False):
-        self.refuse_checkpoint(cfg, from_checkpoint)
         model = super().build_model(cfg, from_checkpoint)
         if not any(isinstance(m, CausalRFAttention) for m in model.modules()):
             arch = getattr(cfg, "arch", None) or getattr(cfg, "_name", None) or type(model).__name__
@@ -146,26 +109,6 @@ class StatefulLanguageModelingTask(FairseqTask):
                 "no RFA attention: use an rfa_transformer_lm architecture, train a softmax model with --task "
                 "language_modeling, or convert a softmax checkpoint with scripts/convert_from_softmax.py")
         return model
-
-    @staticmethod
-    def refuse_checkpoint(cfg, from_checkpoint: bool):
-        """Refuse a model loaded from a checkpoint trained with a removed setting (``cfg`` is then the
-        checkpoint's, whose task this one is not built from), or a training run that would resume one
-        (``cfg`` is fairseq-train's: the trainer loads ``--restore-file`` without the task)."""
-        root = cfg._get_root() if OmegaConf.is_config(cfg) else {}
-        task, ckpt = root.get("task"), root.get("checkpoint")
-        if not from_checkpoint and ckpt is not None:
-            suffix = ckpt.get("checkpoint_suffix") or ""
-            path = (os.path.join(ckpt.save_dir, f"checkpoint_last{suffix}.pt") if ckpt.restore_file ==
-                    "checkpoint_last.pt" else ckpt.restore_file.replace(".pt", suffix + ".pt"))
-            if not os.path.isfile(path):
-                return
-            state = torch.load(path, map_location="cpu", mmap=True)  # the tensors stay on disk
-            task = (state.get("cfg") or {}).get("task") or vars(state.get("args") or argparse.Namespace())
-        if task is not None and (task.get("_name") or task.get("task")) == "rfa_stateful_lm":
-            refuse_removed(task, *(["this checkpoint was trained with"] if from_checkpoint else [
-                f"this run would resume {path}, trained with",
-                f"Start a new --save-dir (its weights can start the run: --finetune-from-model {path})."]))
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         paths = utils.split_paths(self.cfg.data)

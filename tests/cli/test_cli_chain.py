@@ -45,7 +45,7 @@ def test_translation_train_generate_resume(mt_data):
     import rfa_fairseq  # noqa: F401  (allow-list for weights_only loading)
     a, b, m = (torch.load(p, map_location="cpu", weights_only=True)["model"]
                for p in (ckpt / "checkpoint_1_2.pt", ckpt / "checkpoint_1_4.pt", avg))
-    key = "decoder.layers.0.self_attn.q_proj.weight"
+    key = "decoder.layers.0.self_attn.in_proj.weight"
     torch.testing.assert_close(m[key], (a[key] + b[key]) / 2)
     rm = "decoder.layers.0.self_attn.feature_map.random_matrix"
     assert torch.equal(m[rm], b[rm]) and not torch.equal(a[rm], b[rm])

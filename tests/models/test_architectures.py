@@ -41,7 +41,7 @@ def test_small_wiki103_setting():
 def test_translation_model_structure(translation_model):
     task, model = translation_model("--rfa-gate", "--rfa-kernel", "arccos")
     layer = model.decoder.layers[0]
-    assert type(layer.self_attn).__name__ == "CausalRFAttention" and layer.self_attn.gate_proj is not None
+    assert type(layer.self_attn).__name__ == "CausalRFAttention" and layer.self_attn.gated
     assert type(layer.encoder_attn).__name__ == "CrossRFAttention"
     assert layer.self_attn.feature_map.output_dim == 64  # arccos: D values
     assert layer.encoder_attn.feature_map.output_dim == 96
@@ -91,15 +91,16 @@ def test_gate_flags_reach_the_modules(translation_model, lm_model):
                                  "--rfa-cross-abs-denominator", "--rfa-cross-norm-rescale")
     for layer in model.decoder.layers:
         assert not layer.self_attn.convex and layer.encoder_attn.abs_denominator and layer.encoder_attn.norm_rescale
-        assert torch.equal(layer.self_attn.gate_proj.bias, torch.full((layer.self_attn.num_heads,), 3.0))
-        g0 = torch.sigmoid(layer.self_attn.gate_proj(torch.zeros(1, layer.self_attn.embed_dim)))
+        H = layer.self_attn.num_heads
+        assert torch.equal(layer.self_attn.in_proj.bias[-H:], torch.full((H,), 3.0))
+        g0 = torch.sigmoid(layer.self_attn.in_proj(torch.zeros(1, layer.self_attn.embed_dim))[:, -H:])
         torch.testing.assert_close(g0, torch.full_like(g0, 1 / (1 + math.exp(-3))))
     # the defaults: the convex form, the gate starting near sigmoid(2); the paper's bias 0 by flag
     for extra, bias in ((), 2.0), (("--rfa-gate-bias", "0"), 0.0):
         _, lm = lm_model("--rfa-gate", *extra)
         for layer in lm.decoder.layers:
-            assert layer.self_attn.convex and torch.equal(layer.self_attn.gate_proj.bias,
-                                                          torch.full((layer.self_attn.num_heads,), bias))
+            H = layer.self_attn.num_heads
+            assert layer.self_attn.convex and torch.equal(layer.self_attn.in_proj.bias[-H:], torch.full((H,), bias))
 
 
 def _attention_modules(model):

@@ -29,7 +29,7 @@ def test_causal_module_matches_naive_with_padding(gate, recompute):
     mask = _left_pad_mask([13, 9, 4, 1], 13)
     out, weights = attn(x, x, x, key_padding_mask=mask)
     assert weights is None
-    q, k, v, log_g = attn._project(x, mask)
+    q, k, v, log_g = attn._inputs(x, mask)[:4]
     ref = attn.out_proj(merge_heads(naive_causal_rfa(q, k, v, log_g)[0]))
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
     params = [p for p in attn.parameters() if p.requires_grad] + [x]
@@ -198,35 +198,42 @@ def test_causal_decoding_state_is_one_packed_tensor_updated_in_place(gate):
 
 
 @pytest.mark.parametrize("kernel", ["gaussian", "arccos"])
-@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("gate", [False, "convex", "decay"], ids=["rfa", "gate", "decay"])
-def test_decoding_form_agrees_with_the_training_form(gate, bias, kernel):
-    """rfa_fairseq.inference's conversion (one in_proj; for gaussian, the precomputed feature map):
-    whole-sequence outputs with padding, step-by-step outputs and the decoding state equal the
-    training form's; the separate layers are gone, and the converted module refuses to train."""
-    from rfa_fairseq.inference import fuse_causal_rfa_
-
+def test_inference_computation_agrees_with_the_training_one(gate, kernel):
+    """In evaluation mode without autograd the gaussian map runs from weights precomputed from sigma and the
+    random matrix (RandomFeatureMap.inference_weights): whole-sequence outputs with padding and steps equal
+    those computed with autograd on, and the weights follow a change of sigma."""
     torch.manual_seed(5)
-    kw = dict(gate=bool(gate), gate_form=gate or "convex", bias=bias, chunk_size=4)
-    ref = CausalRFAttention(C, H, fmap(kernel=kernel), **kw).double().eval()
-    attn = CausalRFAttention(C, H, fmap(kernel=kernel), **kw).double().eval()
-    attn.load_state_dict(ref.state_dict())
-    fuse_causal_rfa_(attn)
-    assert attn.in_proj.out_features == 3 * C + (H if gate else 0) and attn.q_proj is None
-    assert (attn.step_projection is not None) == (kernel == "gaussian")
+    attn = CausalRFAttention(C, H, fmap(kernel=kernel), gate=bool(gate), gate_form=gate or "convex",
+                             chunk_size=4).double().eval()
     x = torch.randn(10, 3, C, dtype=torch.float64)
     mask = _left_pad_mask([10, 7, 3], 10)
-    with torch.no_grad():
-        torch.testing.assert_close(attn(x, key_padding_mask=mask)[0], ref(x, key_padding_mask=mask)[0],
-                                   rtol=1e-12, atol=1e-12)
-        states = {}, {}
-        for t in range(10):
-            a, b = (m(x[t : t + 1], incremental_state=s)[0] for m, s in zip((attn, ref), states))
-            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(attn._get_input_buffer(states[0])["state"], ref._get_input_buffer(states[1])["state"],
-                                   rtol=1e-10, atol=1e-12)
-    with pytest.raises(RuntimeError, match="converted for inference"):
-        attn.train()(x)
+    for _ in range(2):
+        ref = attn(x, key_padding_mask=mask)[0]
+        with torch.no_grad():
+            torch.testing.assert_close(attn(x, key_padding_mask=mask)[0], ref, rtol=1e-12, atol=1e-12)
+            state = {}
+            steps = torch.cat([attn(x[t:t + 1], incremental_state=state)[0] for t in range(10)])
+        torch.testing.assert_close(steps, attn(x)[0], rtol=1e-10, atol=1e-12)
+        with torch.no_grad():
+            attn.feature_map.sigma.mul_(1.5)
+    if kernel == "gaussian":  # arccos features scale with sigma, and the ratio does not see it
+        assert (attn(x)[0] - steps).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["rfa", "gate"])
+def test_checkpoints_with_separate_projections_load_into_in_proj(gate):
+    """The layout of earlier versions (q_proj, k_proj, v_proj, gate_proj) loads, strictly, into in_proj."""
+    torch.manual_seed(1)
+    ref = CausalRFAttention(C, H, fmap(), gate=gate)
+    old = {k: v for k, v in ref.state_dict().items() if not k.startswith("in_proj")}
+    names = ["q_proj", "k_proj", "v_proj", "gate_proj"][:3 + gate]
+    for part in ("weight", "bias"):
+        for name, t in zip(names, ref.in_proj.state_dict()[part].split([C, C, C, H][:3 + gate])):
+            old[f"{name}.{part}"] = t
+    attn = CausalRFAttention(C, H, fmap(), gate=gate)
+    attn.load_state_dict(old)
+    assert torch.equal(attn.in_proj.weight, ref.in_proj.weight) and torch.equal(attn.in_proj.bias, ref.in_proj.bias)
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
@@ -301,10 +308,10 @@ def test_causal_reorders_over_many_steps_follow_the_histories(grad):
                                            msg=lambda m: f"step {t}, row {r}: {m}")
             buf = attn._get_input_buffer(state)
             # the buffer exists from the first reorder on, the shrunk batch's (after step 10) too
-            assert ("reorder_buffer" in buf) == (not grad and t >= 1), f"step {t}: {sorted(buf)}"
-            if "reorder_buffer" in buf:
-                assert buf["reorder_buffer"].data_ptr() != buf["state"].data_ptr()
-                buffers.update((buf["reorder_buffer"].data_ptr(), buf["state"].data_ptr()))
+            assert ("spare_state" in buf) == (not grad and t >= 1), f"step {t}: {sorted(buf)}"
+            if "spare_state" in buf:
+                assert buf["spare_state"].data_ptr() != buf["state"].data_ptr()
+                buffers.update((buf["spare_state"].data_ptr(), buf["state"].data_ptr()))
             if t < len(orders):
                 order = orders[t]
                 history = [history[o] + [o] for o in order.tolist()]
@@ -349,7 +356,7 @@ def test_causal_reorder_at_beam_one_copies_nothing():
         S = attn._get_input_buffer(state)["state"]
         attn.reorder_incremental_state(state, torch.arange(3))
         saved = attn._get_input_buffer(state)
-        assert saved["state"] is S and "reorder_buffer" not in saved
+        assert saved["state"] is S and "spare_state" not in saved
         attn.reorder_incremental_state(state, torch.tensor([2, 0]))
         torch.testing.assert_close(attn._get_input_buffer(state)["state"], S[[2, 0]], rtol=0, atol=0)
 

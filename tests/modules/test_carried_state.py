@@ -37,7 +37,7 @@ def test_blocks_with_carried_state_equal_one_pass(gate, recompute):
     attn = attention(recompute, **gate).eval()
     x = torch.randn(37, 4, C)
     whole, _ = attn(x)
-    _, final = naive_causal_rfa(*attn._project(x, None), output_final_state=True, convex=attn.convex)
+    _, final = naive_causal_rfa(*attn._inputs(x, None)[:4], output_final_state=True, convex=attn.convex)
     state = {}
     blocks = [block(attn, x[a:b], state) for a, b in ((0, 11), (11, 12), (12, 30), (30, 37))]
     torch.testing.assert_close(torch.cat(blocks), whole, rtol=1e-5, atol=1e-5)
@@ -56,7 +56,7 @@ def test_gradients_reach_the_carried_state(gate):
     start = carried(attn, state).clone().requires_grad_()
     attn._set_input_buffer(state, {"state": start})
     out = block(attn, x2, state)
-    o, _ = naive_causal_rfa(*attn._project(x2, None), initial_state=start, convex=attn.convex)
+    o, _ = naive_causal_rfa(*attn._inputs(x2, None)[:4], initial_state=start, convex=attn.convex)
     ref = attn.out_proj(merge_heads(o))
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
     params = [p for p in attn.parameters() if p.requires_grad] + [x2, start]

@@ -12,7 +12,8 @@ from torch import nn
 from rfa_test_utils import needs_int8_kernel
 
 from rfa_fairseq.modules import int8_linear
-from rfa_fairseq.modules.int8_linear import Int8Linear, quantize_input, quantize_linears_
+from rfa_fairseq.inference import quantize_linears_
+from rfa_fairseq.modules.int8_linear import Int8Linear, quantize_input
 
 KERNELS = ["int_mm", "blocked"]
 pytestmark = needs_int8_kernel
@@ -22,7 +23,7 @@ pytestmark = needs_int8_kernel
 def kernel(request, monkeypatch):
     """Which product several rows take: torch._int_mm, or oneDNN's with the blocked weight (the
     module's choice by weight size, moved here so that small layers take either)."""
-    if request.param == "blocked" and not int8_linear._HAS_BLOCKED:
+    if request.param == "blocked" and not int8_linear.has_blocked_kernel():
         pytest.skip("this PyTorch has no oneDNN qlinear")
     monkeypatch.setattr(int8_linear, "_BLOCKED_MIN_NUMEL", 0 if request.param == "blocked" else 2 ** 62)
     return request.param
@@ -99,7 +100,7 @@ def test_the_module_takes_the_blocked_weight_for_large_layers_only():
     small, large = Int8Linear.from_float(make_linear(256, 512)), Int8Linear.from_float(make_linear(512, 1024))
     for q in (small, large):
         q(torch.randn(4, q.in_features))
-    assert small._derived[1] is None and (large._derived[1] is not None) == int8_linear._HAS_BLOCKED
+    assert small._derived[1] is None and (large._derived[1] is not None) == int8_linear.has_blocked_kernel()
 
 
 def test_forward_stays_within_the_rounding_bound_of_float32():

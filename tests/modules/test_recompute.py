@@ -122,8 +122,9 @@ def test_recompute_uses_the_random_draw_of_its_own_forward(module):
     attn.feature_map.set_num_updates(2)
     call(attn, x)  # redraws in place
     assert not torch.equal(first, attn.feature_map.random_matrix)
-    g = _grads(out, [attn.feature_map.sigma, attn.q_proj.weight, x])
-    g_ref = _grads(ref, [reference.feature_map.sigma, reference.q_proj.weight, x])
+    proj = lambda m: m.in_proj if hasattr(m, "in_proj") else m.q_proj  # noqa: E731  (causal, cross)
+    g = _grads(out, [attn.feature_map.sigma, proj(attn).weight, x])
+    g_ref = _grads(ref, [reference.feature_map.sigma, proj(reference).weight, x])
     for a, b in zip(g, g_ref):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 

@@ -6,7 +6,7 @@ import torch
 
 from rfa_fairseq.modules import CausalRFAttention, RandomFeatureMap
 from rfa_fairseq.modules.heads import merge_heads
-from rfa_fairseq.ops.causal_rfa.window import naive_window_causal_rfa
+from rfa_fairseq.ops import naive_window_causal_rfa
 
 C, H = 24, 3
 
@@ -20,8 +20,8 @@ def attention(window=4, **kw):
 def reference(attn, x, mask=None):
     q, k, v, log_g, pad = attn._heads(x, mask)
     fm = attn.feature_map
-    o = naive_window_causal_rfa(fm.scale(q), fm.scale(k), v, log_g, fm.kernel, fm.random_matrix, attn.local_window,
-                                pad, convex=attn.convex)
+    o, _ = naive_window_causal_rfa(fm.scale(q), fm.scale(k), v, log_g, kernel=fm.kernel, random_matrix=fm.random_matrix,
+                                   window=attn.local_window, pad=pad, convex=attn.convex)
     return attn.out_proj(merge_heads(o))
 
 
@@ -41,7 +41,8 @@ def test_module_matches_the_naive_window_with_padding(training):
 
 def test_steps_after_a_prefix_and_beam_reorders_follow_the_histories():
     """A 6-token prefix, then steps; after step 9 the beam keeps rows (1, 1, 0): each row then continues
-    the history it took, as the full pass over that history says."""
+    the history it took, as the full pass over that history says. Every state tensor, the ring's position
+    included, alternates between two places."""
     attn = attention()
     attn.set_beam_size(3)
     x = torch.randn(14, 3, C, dtype=torch.float64)
@@ -53,7 +54,14 @@ def test_steps_after_a_prefix_and_beam_reorders_follow_the_histories():
         order = torch.tensor([1, 1, 0])
         attn.reorder_incremental_state(state, order)
         history = torch.cat([x[:10, order], x[10:]])
-        steps = [attn(history[t:t + 1], incremental_state=state)[0] for t in range(10, 14)]
+        steps, places = [], []
+        for t in range(10, 14):
+            steps.append(attn(history[t:t + 1], incremental_state=state)[0])
+            places.append({n: b.data_ptr() for n, b in attn._get_input_buffer(state).items()})
+            attn.reorder_incremental_state(state, torch.arange(3))
+        assert set(places[0]) == {"state", "keys", "values", "slot"} | {"spare_" + n for n in ("state", "keys",
+                                                                                                 "values", "slot")}
+        assert places[1] != places[0] and places[2] == places[0] and places[3] == places[1]
         torch.testing.assert_close(torch.cat(steps), attn(history)[0][10:], rtol=1e-10, atol=1e-10)
 
 
@@ -68,5 +76,5 @@ def test_blocks_with_the_carried_state_equal_one_pass():
     last, _ = attn(x[12:], key_padding_mask=no_pad(18), incremental_state=state)
     torch.testing.assert_close(torch.cat(first + [last]), reference(attn, x), rtol=1e-9, atol=1e-9)
     buffer = attn._get_input_buffer(state)
-    assert buffer["window_keys"].shape == (2, H, 7, C // H) and buffer["window_values"].shape == (2, H, 7, C // H + 1)
+    assert buffer["keys"].shape == (2, H, 7, C // H) and buffer["values"].shape == (2, H, 7, C // H + 1)
     assert torch.autograd.grad(last.sum(), attn.feature_map.sigma)[0].abs().sum() > 0

@@ -342,7 +342,7 @@ def test_recurrent_inplace_from_empty_state_does_not_alias_inputs(gen):
                                   pytest.param("decay", id="decay")])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 def test_gaussian_step_features_feed_the_same_step(gen, gate, eps, dtype):
-    """The decoding form's feature map (``gaussian_step_features``, precomputed weights) against
+    """The inference feature map (``gaussian_step_features``, precomputed weights) against
     ``feature_map``, and the step it feeds against the same step fed by ``feature_map``: features,
     outputs and the in-place state at every token (the large floor makes the guard act; gaussian
     features make some denominators negative)."""
@@ -359,7 +359,7 @@ def test_gaussian_step_features_feed_the_same_step(gen, gate, eps, dtype):
         state, outs, states, clamped = None, [], [], 0
         with torch.no_grad():
             for t in range(T):
-                q, k = features(qk[:, t]).unbind(1)  # [B, H, F] each
+                q, k = features(qk[:, t].transpose(1, 2)).unbind(2)  # [B, H, F] each
                 o, state = recurrent_causal_rfa_step(q, k, v[:, t], None if log_g is None else log_g[:, t], state,
                                                      eps=eps, convex=gate != "decay", inplace=True)
                 outs.append(o)
@@ -368,8 +368,9 @@ def test_gaussian_step_features_feed_the_same_step(gen, gate, eps, dtype):
         return outs, states, clamped
 
     fast = lambda x: gaussian_step_features(x, *weights)  # noqa: E731
-    reference = lambda x: feature_map("gaussian", x.transpose(1, 2), sigma, w).transpose(1, 2)  # noqa: E731
-    torch.testing.assert_close(fast(qk[:, 0]), reference(qk[:, 0]), rtol=rtol, atol=rtol)
+    reference = lambda x: feature_map("gaussian", x, sigma, w)  # noqa: E731
+    x = qk.permute(0, 3, 1, 2, 4).flatten(2, 3)  # [B, H, 2 T, K]
+    torch.testing.assert_close(fast(x), reference(x), rtol=rtol, atol=rtol)
     (fast_outs, fast_states, _), (outs, states, clamped) = decode(fast), decode(reference)
     for t in range(T):
         torch.testing.assert_close(fast_outs[t], outs[t], rtol=rtol, atol=rtol)

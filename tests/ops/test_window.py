@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rfa_fairseq.ops import naive_causal_rfa
-from rfa_fairseq.ops.causal_rfa.window import naive_window_causal_rfa, window_causal_rfa, window_causal_rfa_step
+from rfa_fairseq.ops import WindowState, naive_window_causal_rfa, window_causal_rfa, window_causal_rfa_step
 from rfa_fairseq.ops.feature_maps import exact_kernel, features, sample_random_matrix, scale_inputs
 
 B, H, K, D = 2, 3, 8, 16
@@ -37,68 +37,104 @@ def test_exact_kernels_are_what_the_features_estimate(kernel, gen):
     torch.testing.assert_close(estimate, exact, rtol=0.03, atol=0.003)
 
 
+def window_op(op, kernel, matrix, window, **kw):
+    """``op`` with its window keywords bound: the contract of every causal form."""
+    return lambda q, k, v, lg=None, state=None, final=False: op(q, k, v, lg, state, final, kernel=kernel,
+                                                                random_matrix=matrix, window=window, **kw)
+
+
 @pytest.mark.parametrize("gate,convex", [(False, True), (True, True), (True, False)])
 def test_a_window_of_zero_keys_is_plain_rfa(gate, convex, gen):
     x, y, v, log_g, matrix = inputs(gen, 23, gate=gate)
-    ref, _ = naive_causal_rfa(features("gaussian", x, matrix), features("gaussian", y, matrix), v, log_g, convex=convex)
-    torch.testing.assert_close(naive_window_causal_rfa(x, y, v, log_g, "gaussian", matrix, 0, convex=convex), ref)
-    assert (naive_window_causal_rfa(x, y, v, log_g, "gaussian", matrix, 3, convex=convex) - ref).abs().max() > 1e-3
+    ref, ref_state = naive_causal_rfa(features("gaussian", x, matrix), features("gaussian", y, matrix), v, log_g,
+                                      output_final_state=True, convex=convex)
+    out, state = window_op(naive_window_causal_rfa, "gaussian", matrix, 0, convex=convex)(x, y, v, log_g, None, True)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(state.state, ref_state)
+    out3, _ = window_op(naive_window_causal_rfa, "gaussian", matrix, 3, convex=convex)(x, y, v, log_g)
+    assert (out3 - ref).abs().max() > 1e-3
+
+
+def assert_states_equal(a, b):
+    for name, s, t in zip(WindowState._fields, a, b):
+        torch.testing.assert_close(s, t, rtol=1e-10, atol=1e-10, msg=name)
 
 
 @pytest.mark.parametrize("kernel", ["gaussian", "favor", "arccos"])
 @pytest.mark.parametrize("gate", GATES)
 @pytest.mark.parametrize("window", [1, 4, 7, 40])
-def test_chunked_form_and_steps_equal_the_naive_matrix(window, gate, kernel, gen):
-    """fp64: the whole sequence at once; a prefix then the rest from its state, by the chunked form, and by
-    steps then the chunked form from their ring of keys; the final states agree."""
+def test_chunked_form_and_steps_equal_the_naive_reference(window, gate, kernel, gen):
+    """fp64: the whole sequence at once; a prefix then the rest from its state, by the naive reference, by the
+    chunked form, and by steps (the ring then in another order) then the chunked form; outputs and final
+    states agree."""
     gated, convex = gate
     T, split = 29, 11
     x, y, v, log_g, matrix = inputs(gen, T, kernel, gated)
-    ref = naive_window_causal_rfa(x, y, v, log_g, kernel, matrix, window, convex=convex)
-    whole, final = window_causal_rfa(x, y, v, log_g, kernel, matrix, window, output_final_state=True, convex=convex,
-                                     chunk_size=5)
+    naive = window_op(naive_window_causal_rfa, kernel, matrix, window, convex=convex)
+    chunk = window_op(window_causal_rfa, kernel, matrix, window, convex=convex, chunk_size=5)
+    args = lambda a, b: (x[:, :, a:b], y[:, :, a:b], v[:, :, a:b], part(log_g, a, b))  # noqa: E731
+    ref, final = naive(*args(0, T), None, True)
+    whole, whole_final = chunk(*args(0, T), None, True)
     torch.testing.assert_close(whole, ref, rtol=1e-10, atol=1e-10)
-    args = lambda a, b: (x[:, :, a:b], y[:, :, a:b], v[:, :, a:b], part(log_g, a, b), kernel, matrix)  # noqa: E731
-    first, state = window_causal_rfa(*args(0, split), window, output_final_state=True, convex=convex)
-    rest, chunked = window_causal_rfa(*args(split, T), window, state, output_final_state=True, convex=convex)
-    torch.testing.assert_close(torch.cat([first, rest], 2), ref, rtol=1e-10, atol=1e-10)
+    assert_states_equal(whole_final, final)
+    for op in (naive, chunk):
+        first, state = op(*args(0, split), None, True)
+        rest, split_final = op(*args(split, T), state, True)
+        torch.testing.assert_close(torch.cat([first, rest], 2), ref, rtol=1e-10, atol=1e-10)
+        assert_states_equal(split_final, final)
     steps, stepped = [], state
     for t in range(split, T - 4):
         lg = None if log_g is None else log_g[:, :, t]
-        out, stepped = window_causal_rfa_step(x[:, :, t], y[:, :, t], v[:, :, t], lg, kernel, matrix, stepped,
-                                              convex=convex)
+        out, stepped = window_causal_rfa_step(x[:, :, t], y[:, :, t], v[:, :, t], lg, stepped, kernel=kernel,
+                                              random_matrix=matrix, convex=convex)
         steps.append(out)
-    # the last 4 tokens by the chunked form from the steps' ring of keys
-    last, stepped = window_causal_rfa(*args(T - 4, T), window, stepped, output_final_state=True, convex=convex)
-    torch.testing.assert_close(torch.cat([torch.stack(steps, 2), last], 2), ref[:, :, split:], rtol=1e-10, atol=1e-10)
-    for a, b, c in zip(final, chunked, stepped):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-10)
+    # the last 4 tokens by the chunked form and by the naive reference from the steps' ring of keys
+    for op in (chunk, naive):
+        last, last_state = op(*args(T - 4, T), stepped, True)
+        torch.testing.assert_close(torch.cat([torch.stack(steps, 2), last], 2), ref[:, :, split:], rtol=1e-10,
+                                   atol=1e-10)
+        assert_states_equal(last_state, final)
 
 
 @pytest.mark.parametrize("gate", GATES)
-def test_chunked_gradients_equal_the_naive_matrix(gate, gen):
+def test_chunked_gradients_equal_the_naive_reference(gate, gen):
+    """Gradients of the outputs and of the final state, through the inputs and the initial state."""
     gated, convex = gate
     x, y, v, log_g, matrix = inputs(gen, 26, gate=gated)
-    leaves = [t.requires_grad_() for t in (x, y, v) + ((log_g,) if gated else ())]
-    out, _ = window_causal_rfa(x, y, v, log_g, "gaussian", matrix, 6, convex=convex, chunk_size=4)
-    ref = naive_window_causal_rfa(x, y, v, log_g, "gaussian", matrix, 6, convex=convex)
-    w = torch.randn(out.shape, generator=gen, dtype=out.dtype)
-    for a, b in zip(torch.autograd.grad((out * w).sum(), leaves), torch.autograd.grad((ref * w).sum(), leaves)):
+    _, start = window_causal_rfa(x[:, :, :9], y[:, :, :9], v[:, :, :9], part(log_g, 0, 9), None, True,
+                                 kernel="gaussian", random_matrix=matrix, window=6)
+    start = WindowState(*(t.requires_grad_() if t.is_floating_point() else t for t in start))
+    leaves = [t.requires_grad_() for t in (x, y, v) + ((log_g,) if gated else ())] + [start.state, start.values]
+    outs = [window_op(op, "gaussian", matrix, 6, convex=convex)(x, y, v, log_g, start, True)
+            for op in (window_causal_rfa, naive_window_causal_rfa)]
+    w = torch.randn(outs[0][0].shape, generator=gen, dtype=x.dtype)
+    ws = torch.randn(outs[0][1].state.shape, generator=gen, dtype=x.dtype)
+    grads = [torch.autograd.grad((o * w).sum() + (s.state * ws).sum() + s.values.sum(), leaves) for o, s in outs]
+    for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
-def test_left_padding_changes_nothing_at_the_tokens(gen):
-    """Pads before a sequence neither write nor decay: its outputs and state are those without them."""
+def test_padding_changes_nothing_at_the_tokens(gen):
+    """Pads before a sequence (chunked form) and a pad step neither write nor decay: the outputs and the state
+    are those without them, but for the place a pad takes in the window."""
     x, y, v, log_g, matrix = inputs(gen, 17)
-    out, state = window_causal_rfa(x, y, v, log_g, "gaussian", matrix, 5, output_final_state=True)
+    op = window_op(window_causal_rfa, "gaussian", matrix, 5)
+    out, state = op(x, y, v, log_g, None, True)
     P = 4
     padded = [torch.cat([torch.randn(B, H, P, *t.shape[3:], generator=gen, dtype=t.dtype), t], 2) for t in (x, y, v)]
     lg = torch.cat([torch.randn(B, H, P, generator=gen, dtype=log_g.dtype).clamp_max(0), log_g], 2)
     pad = (torch.arange(17 + P) < P).expand(B, 1, -1)
-    out_p, state_p = window_causal_rfa(*padded, lg, "gaussian", matrix, 5, output_final_state=True, pad=pad)
+    out_p, state_p = window_op(window_causal_rfa, "gaussian", matrix, 5, pad=pad)(*padded, lg, None, True)
     torch.testing.assert_close(out_p[:, :, P:], out)
     torch.testing.assert_close(state_p.state, state.state)
+    # a pad step: the oldest key leaves the ring undecayed, the pad takes its slot with no value
+    pad1 = torch.ones(B, 1, dtype=torch.bool)
+    _, after = window_causal_rfa_step(x[:, :, 3], y[:, :, 3], v[:, :, 3], log_g[:, :, 3].masked_fill(pad1, 0.0), state,
+                                      kernel="gaussian", random_matrix=matrix, pad=pad1)
+    leaving = features("gaussian", state.keys[:, :, :1], matrix).transpose(-1, -2) @ state.values[:, :, :1]
+    torch.testing.assert_close(after.state, state.state + leaving)
+    assert after.values[:, :, 0].abs().max() == 0 and torch.equal(after.values[:, :, 1:], state.values[:, :, 1:])
+    assert torch.equal(after.slot, torch.ones(B, dtype=torch.long))
 
 
 def test_strong_gates_over_a_long_sequence_keep_gradients_finite(gen):
@@ -106,6 +142,6 @@ def test_strong_gates_over_a_long_sequence_keep_gradients_finite(gen):
     cumulative log-gates reach -185, whose differences must never be exponentiated upwards."""
     x, y, v, _, matrix = inputs(gen, 37, dtype=torch.float32)
     log_g = torch.full((B, H, 37), -5.0, requires_grad=True)
-    out, _ = window_causal_rfa(x, y, v.requires_grad_(), log_g, "gaussian", matrix, 8, chunk_size=5)
+    out, _ = window_op(window_causal_rfa, "gaussian", matrix, 8, chunk_size=5)(x, y, v.requires_grad_(), log_g)
     out.sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(log_g.grad).all() and torch.isfinite(v.grad).all()

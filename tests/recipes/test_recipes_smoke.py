@@ -92,7 +92,7 @@ def test_translation_recipe_smoke(smoke, task):
     # the raw data came out of archives, as downloads do (en-fr: giga-fren's .tar holds .gz files)
     assert sorted(re.findall(r"unpacking (\S+) \(", out["prepare.sh"])) == archives(task)
     assert "RFATransformerModel" in out["train.sh"] and "num_updates 6" in out["train.sh"]
-    assert "gate_proj" in out["train.sh"]  # RFA-Gate really built
+    assert "gate=convex" in out["train.sh"]  # RFA-Gate really built (the module's repr)
     ckpts = sorted(p.name for p in (work / "checkpoints" / "rfa_gate").glob("checkpoint_*_*.pt"))
     assert ckpts == ["checkpoint_1_2.pt", "checkpoint_1_4.pt", "checkpoint_1_6.pt"], ckpts
     ev = out["evaluate.sh"]
@@ -118,7 +118,7 @@ def test_language_model_recipe_smoke(smoke):
     assert (work / "data-bin" / "dict.txt").exists()
     assert sorted(re.findall(r"unpacking (\S+) \(", out["prepare.sh"])) == archives("wikitext103")
     train = out["train.sh"]
-    assert "RFATransformerLanguageModel" in train and "AdaptiveInput" in train and "gate_proj" in train
+    assert "RFATransformerLanguageModel" in train and "AdaptiveInput" in train and "gate=convex" in train
     assert "num_updates 6" in train
     ev = out["evaluate.sh"]
     preprocess = (work / "logs" / "preprocess.log").read_text()
@@ -196,7 +196,7 @@ def test_runs_with_other_flags_do_not_collide(smoke):
     # an ablation variant: the paper's gate, pinned, in checkpoints/rfa_gate_paper
     train = recipe("iwslt14_de_en", "train.sh", "rfa_gate_paper", work=work)[2]
     assert "rfa_gate=True" in train and "rfa_gate_form='convex'" in train and "rfa_gate_bias=0.0" in train
-    assert "num_updates 6" in train and "gate_proj" in train
+    assert "num_updates 6" in train and "gate=convex" in train
     assert (work / "checkpoints" / "rfa_gate_paper" / "checkpoint_1_6.pt").exists()
 
 
@@ -226,7 +226,7 @@ def test_hydra_language_model_smoke(smoke):
     work, out = smoke("wikitext103")
     save = work / "checkpoints" / "hydra-smoke"
     log = hydra_train(os.path.join(RECIPES, "wikitext103", "config"), "smoke", work, save)
-    assert "model: RFATransformerLanguageModel" in log and "done training" in log and "gate_proj" in log
+    assert "model: RFATransformerLanguageModel" in log and "done training" in log and "gate=convex" in log
     assert (save / "checkpoint_last.pt").exists()
     assert params(log) == params(out["train.sh"])
     hydra_lr, script_lr = learning_rates(log), learning_rates(out["train.sh"])
@@ -257,5 +257,5 @@ def test_hydra_translation_smoke(hydra_translation, task):
     log, train_log, save = hydra_translation(task)
     assert "model: RFATransformerModel" in log and "done training" in log
     assert (save / "checkpoint_last.pt").exists()
-    assert "gate_proj" in log
+    assert "gate=convex" in log
     assert params(log) == params(train_log)

@@ -15,6 +15,30 @@ from torch import Tensor
 from ..denominator import DEFAULT_EPS, as_dtype, compute_dtype, exact_dtypes, guarded_ratio
 
 
+def gate_weights(v: Tensor, log_g: Optional[Tensor], acc: torch.dtype, convex: bool) -> Tuple[Optional[Tensor], Tensor]:
+    """A step's decay ``g [B, H, 1, 1]`` (None without a gate) and what it writes beside ``phi(k)``: ``[v | 1]``
+    ``[B, H, K + 1]``, times ``1 - g`` in the convex form (as -expm1(log g): exact for g near 1; on the value
+    side, K + 1 numbers, not F (K + 1))."""
+    v1 = F.pad(as_dtype(v, acc), (0, 1), value=1.0)
+    if log_g is None:
+        return None, v1
+    lg = as_dtype(log_g, acc).unsqueeze(-1)
+    return torch.exp(lg).unsqueeze(-1), (v1 * -torch.expm1(lg) if convex else v1)
+
+
+def advance(state: Optional[Tensor], decay: Optional[Tensor], k: Tensor, v1: Tensor, inplace: bool) -> Tensor:
+    """``decay * state + k v1^T`` (``state`` None: zeros); ``inplace``: in ``state``'s memory, with no state-sized
+    temporary (only when no gradient is needed and the caller owns the tensor)."""
+    if state is None:  # contiguous whatever the strides of k: every later step and reorder reads it whole
+        return (k.unsqueeze(-1) * v1.unsqueeze(-2)).contiguous()
+    if inplace and state.dtype == k.dtype:
+        if decay is not None:
+            state.mul_(decay)
+        return state.addcmul_(k.unsqueeze(-1), v1.unsqueeze(-2))
+    state = as_dtype(state, k.dtype) if decay is None else as_dtype(state, k.dtype) * decay
+    return torch.addcmul(state, k.unsqueeze(-1), v1.unsqueeze(-2))
+
+
 @exact_dtypes
 def recurrent_causal_rfa_step(
     q: Tensor,
@@ -31,37 +55,20 @@ def recurrent_causal_rfa_step(
         [S | z]_t = g_t [S | z]_{t-1} + phi(k_t) [(1 - g_t) v_t | (1 - g_t)]   (g_t = 1 without a gate)
         out_t = phi(q_t) S_t / max(phi(q_t) . z_t, eps)
 
-    (``convex=False``: the decay form, without the factors ``1 - g_t``.)
+    (``convex=False``: the decay form, without the factors ``1 - g_t``.) A pad writes nothing (``k = 0``) and
+    does not decay (``log g = 0``).
 
     Args:
         q, k: feature-mapped ``[B, H, F]``; v: ``[B, H, K]``; log_g: ``[B, H]`` or None.
         state: ``[B, H, F, K + 1]`` in fp32 (fp64 for fp64 inputs), or None (zeros).
-        inplace: update ``state`` in place, with no state-sized temporary (only when no gradient
-            is needed and the caller owns the tensor); the same tensor is then returned.
+        inplace: update ``state`` in place (see :func:`advance`); the same tensor is then returned.
     Returns:
         ``out [B, H, K]`` (dtype of ``v``) and the new state.
     """
     acc = compute_dtype(q)
-    q, k = as_dtype(q, acc), as_dtype(k, acc)
-    v1 = F.pad(as_dtype(v, acc), (0, 1), value=1.0)  # [v | 1]
-    decay = None
-    if log_g is not None:
-        lg = as_dtype(log_g, acc).unsqueeze(-1)
-        decay = torch.exp(lg).unsqueeze(-1)
-        if convex:
-            # 1 - g as -expm1(log g) (exact for g near 1), on the value side: K + 1 numbers, not F (K + 1)
-            v1 = v1 * -torch.expm1(lg)
-    if state is None:
-        # contiguous whatever the strides of k: every later step and reorder reads it whole
-        state = (k.unsqueeze(-1) * v1.unsqueeze(-2)).contiguous()
-    elif inplace and state.dtype == acc:
-        if decay is not None:
-            state.mul_(decay)
-        state.addcmul_(k.unsqueeze(-1), v1.unsqueeze(-2))  # no [B, H, F, K + 1] temporary
-    else:
-        state = as_dtype(state, acc) if decay is None else as_dtype(state, acc) * decay
-        state = torch.addcmul(state, k.unsqueeze(-1), v1.unsqueeze(-2))
-    o = torch.matmul(q.unsqueeze(-2), state).squeeze(-2)  # [B, H, K + 1]: numerator | denominator
+    decay, v1 = gate_weights(v, log_g, acc, convex)
+    state = advance(state, decay, as_dtype(k, acc), v1, inplace)
+    o = torch.matmul(as_dtype(q, acc).unsqueeze(-2), state).squeeze(-2)  # [B, H, K + 1]: numerator | denominator
     K = v.size(-1)
     return guarded_ratio(o.narrow(-1, 0, K), o.select(-1, K), eps, v.dtype), state
 

@@ -15,24 +15,26 @@ shrinks the batch and moves the states, and the new layout is captured when it i
 
 Capture runs the step once on copies of the state (a warm-up on a side stream: CUDA's lazy
 initialisation must not happen under capture), then records it on the live state without running it;
-the replay is the step. On the CPU, and under autograd, steps run eagerly.
+the replay is the step. On the CPU, and under autograd, steps run eagerly. A local window's ring
+(``--rfa-local-window``) is state like any other: its position is a tensor, advanced in place.
 """
 from collections import OrderedDict
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor, nn
 
-from ..modules import CausalRFAttention
-
 Replay = Callable[[], Tensor]
 
 
-def capture_cuda_graph(step: Callable[[], Tensor], warmup: Callable[[], Tensor], state: List[Tensor],
-                       pool) -> Replay:
+def captures_on(device: torch.device) -> bool:
+    """Whether steps on ``device`` are captured: CUDA devices (tests emulate capture elsewhere)."""
+    return device.type == "cuda"
+
+
+def capture_cuda_graph(step: Callable[[], Tensor], warmup: Callable[[], Tensor], pool) -> Replay:
     """``step`` as a CUDA graph in ``pool``, after ``warmup`` (the step on copies of the state): the replay runs it
-    and returns its output (the same tensor each time). ``state``, the live state's tensors, is for captures that
-    run the step and must put it back (the tests' emulation); a CUDA capture runs nothing."""
+    and returns its output (the same tensor each time). The capture itself runs nothing."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -49,24 +51,19 @@ def capture_cuda_graph(step: Callable[[], Tensor], warmup: Callable[[], Tensor],
 
 
 class StepGraphs:
-    """CUDA graphs of ``decoder.forward_step``, one per batch size and state layout (see the module docstring).
+    """CUDA graphs of ``decoder.forward_step`` (an :class:`RFATransformerDecoder`'s), one per batch size and state
+    layout (see the module docstring), at most ``max_graphs``."""
 
-    Args:
-        decoder: an :class:`RFATransformerDecoder`.
-        capture: how a step is captured: :func:`capture_cuda_graph`, or (tests) another function of the same
-            signature, used on every device.
-    """
-
-    def __init__(self, decoder: nn.Module, capture: Optional[Callable[..., Replay]] = None, max_graphs: int = 16):
+    def __init__(self, decoder: nn.Module, max_graphs: int = 16):
         check_capturable(decoder)
-        self.decoder, self.capture, self.max_graphs = decoder, capture, max_graphs
+        self.decoder, self.max_graphs = decoder, max_graphs
         self.graphs: "OrderedDict[tuple, tuple]" = OrderedDict()  # key -> (tokens buffer, position buffer, replay)
         self.seen_once: set = set()
         self.pool = None
 
     def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state) -> Optional[Tensor]:
         """The step's output from a graph, or None where the step is to run eagerly."""
-        if torch.is_grad_enabled() or (self.capture is None and not tokens.is_cuda):
+        if torch.is_grad_enabled() or not captures_on(tokens.device):
             return None
         key = self._key(tokens, incremental_state)
         entry = self.graphs.get(key)
@@ -103,11 +100,9 @@ class StepGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         copies = {name: {f: None if t is None else t.clone() for f, t in fields.items()}
                   for name, fields in incremental_state.items()}
-        state = [t for fields in incremental_state.values() for t in fields.values() if t is not None]
         step = self.decoder.forward_step
-        replay = (self.capture or capture_cuda_graph)(
-            lambda: step(token_buffer, position_buffer, encoder_out, incremental_state),
-            lambda: step(token_buffer, position_buffer, encoder_out, copies), state, self.pool)
+        replay = capture_cuda_graph(lambda: step(token_buffer, position_buffer, encoder_out, incremental_state),
+                                    lambda: step(token_buffer, position_buffer, encoder_out, copies), self.pool)
         return token_buffer, position_buffer, replay
 
 
@@ -119,6 +114,3 @@ def check_capturable(decoder: nn.Module):
     if not isinstance(decoder.embed_tokens, nn.Embedding):
         raise ValueError(f"--cuda-graphs: the token embedding {type(decoder.embed_tokens).__name__} (--adaptive-input, "
                          "--character-embeddings) reads its masks back to the host and cannot be captured")
-    if any(isinstance(m, CausalRFAttention) and m.local_window for m in decoder.modules()):
-        raise ValueError("--cuda-graphs: the local window's ring position (--rfa-local-window) is kept on the host "
-                         "and cannot be captured")
