@@ -75,7 +75,7 @@ class StepGraphs:
                 return None
             self.seen_once.discard(key)
             try:
-                entry = self.graphs[key] = self._capture(tokens, encoder_out, incremental_state)
+                entry = self.graphs[key] = self._capture(tokens, position, encoder_out, incremental_state)
             except RuntimeError as e:
                 raise RuntimeError(f"--cuda-graphs: capturing the decoding step of {tokens.size(0)} rows failed ({e}); "
                                    "decode without --cuda-graphs") from e
@@ -93,9 +93,9 @@ class StepGraphs:
         table = self.decoder._position_table() if self.decoder.embed_positions is not None else None
         return (tokens.shape, tokens.device, None if table is None else table.data_ptr(), state)
 
-    def _capture(self, tokens: Tensor, encoder_out, incremental_state):
+    def _capture(self, tokens: Tensor, position: int, encoder_out, incremental_state):
         token_buffer = tokens.clone()
-        position_buffer = torch.zeros(1, dtype=torch.long, device=tokens.device)
+        position_buffer = torch.full((1,), position, dtype=torch.long, device=tokens.device)
         if self.pool is None and tokens.is_cuda:
             self.pool = torch.cuda.graph_pool_handle()
         copies = {name: {f: None if t is None else t.clone() for f, t in fields.items()}

@@ -177,17 +177,23 @@ def skip_where_fla_refuses_gated_backward(gated: bool):
         pytest.skip("fla refuses RFA-Gate's backward on this GPU's stack (Hopper, Triton < 3.7.1: fla issue 640)")
 
 
-def fx_capture(step, warmup, state, pool=None):
-    """A CUDA graph's capture (``models/step_graphs.capture_cuda_graph``'s signature) emulated on any device:
-    ``step`` traced once into an operator graph (torch.fx, real tensors). As in a CUDA graph, the tensors
-    it reads and writes are those of the capture (the same objects, so in-place writes reach the live
-    state) and every Python value is frozen; the trace ran the step, so the state is put back as it was,
-    as a capture, which runs nothing, leaves it."""
+def fx_capture(step, warmup, pool=None):
+    """A CUDA graph's capture (``rfa_fairseq.step_graphs.capture_cuda_graph``'s signature) emulated on any device:
+    ``step`` traced once into an operator graph (torch.fx, real tensors). As in a CUDA graph, the tensors it reads
+    and writes are those of the capture (the same objects, so in-place writes reach the live state) and every
+    Python value is frozen. The trace runs the step on the live state, which a CUDA capture does not: so the
+    first replay returns the trace's output, and the later ones run the graph."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     warmup()
-    saved = [t.clone() for t in state]
-    graph = make_fx(step)()
-    for t, s in zip(state, saved):
-        t.copy_(s)
-    return graph
+    traced = []
+    graph = make_fx(lambda: traced.append(step()) or traced[-1])()
+    return lambda: traced.pop() if traced else graph()
+
+
+def emulate_cuda_graphs(monkeypatch, capture=fx_capture):
+    """Make ``rfa_fairseq.step_graphs`` capture steps on every device, with ``capture``."""
+    from rfa_fairseq import step_graphs
+
+    monkeypatch.setattr(step_graphs, "captures_on", lambda device: True)
+    monkeypatch.setattr(step_graphs, "capture_cuda_graph", capture)

@@ -124,13 +124,13 @@ def test_bf16_autocast_training_step_on_the_device_is_finite(translation_model):
 
 @pytest.mark.parametrize("extra", [["--rfa-gate"], ["--rfa-gate", "--cross-attention", "softmax"]],
                          ids=["rfa-gate", "gate-softmax-cross"])
-def test_beam_search_replayed_as_cuda_graphs_equals_eager(translation_model, extra):
+def test_beam_search_replayed_as_cuda_graphs_equals_eager(translation_model, extra, monkeypatch):
     """--cuda-graphs: beam search over steps replayed as CUDA graphs (on the CPU: their emulation,
     rfa_test_utils.fx_capture) gives the eager hypotheses; sentences finish at different steps, so graphs
     are captured for several batch sizes and state layouts."""
     from fairseq.sequence_generator import SequenceGenerator
-    from rfa_fairseq.models.step_graphs import StepGraphs
-    from rfa_test_utils import fx_capture
+    from rfa_fairseq.step_graphs import StepGraphs
+    from rfa_test_utils import emulate_cuda_graphs
 
     task, model = translation_model(*extra, rfa_flags="--cross-attention" not in extra)
     model.eval().to(DEVICE)
@@ -143,7 +143,9 @@ def test_beam_search_replayed_as_cuda_graphs_equals_eager(translation_model, ext
     gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30, min_len=1)
     with torch.no_grad():
         eager = gen.forward(sample)
-        model.decoder.step_graphs = graphs = StepGraphs(model.decoder, capture=None if DEVICE.type == "cuda" else fx_capture)
+        if DEVICE.type != "cuda":
+            emulate_cuda_graphs(monkeypatch)
+        model.decoder.step_graphs = graphs = StepGraphs(model.decoder)
         graphed = gen.forward(sample)
     assert len(graphs.graphs) >= 2
     for nbest_e, nbest_g in zip(eager, graphed, strict=True):
