@@ -241,9 +241,11 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
 
 
 def stack_linears(linears) -> nn.Linear:
-    """One linear layer whose outputs are those of ``linears`` side by side (their weights copied)."""
+    """One linear layer whose outputs are those of ``linears`` side by side (their weights copied; no random draw,
+    so the draws after it are those of the separate layers' initialisation)."""
     w = linears[0].weight
-    stacked = nn.Linear(w.size(1), sum(m.out_features for m in linears), device=w.device, dtype=w.dtype)
+    stacked = nn.utils.skip_init(nn.Linear, w.size(1), sum(m.out_features for m in linears), device=w.device,
+                                 dtype=w.dtype)
     with torch.no_grad():
         stacked.weight.copy_(torch.cat([m.weight for m in linears]))
         stacked.bias.copy_(torch.cat([w.new_zeros(m.out_features) if m.bias is None else m.bias for m in linears]))
