@@ -1,7 +1,6 @@
 """Average the parameters of the last N checkpoints of an (RFA) fairseq model.
 
-Same flags as fairseq's scripts/average_checkpoints.py (which the fairseq-fixed wheel does not
-ship), e.g.
+Same flags as fairseq's scripts/average_checkpoints.py (not in the fairseq-fixed wheel), e.g.
 
     rfa-average-checkpoints --inputs ckpt/ --num-update-checkpoints 10 --output ckpt/avg10.pt
     rfa-average-checkpoints --inputs a.pt b.pt c.pt --output avg.pt
@@ -34,36 +33,27 @@ def last_checkpoints(directory, count, by_update, upper_bound=None):
 
 
 def _num_updates(state):
-    history = state.get("optimizer_history") or [{}]
-    return history[-1].get("num_updates", 0)
+    return (state.get("optimizer_history") or [{}])[-1].get("num_updates", 0)
 
 
 def average_checkpoints(paths):
     """Return the newest checkpoint's dict with its ``model`` replaced by the average."""
-    total, newest, newest_updates = None, None, -1
-    keys = None
+    total, newest = None, None
     for path in paths:
         state = torch.load(path, map_location="cpu", weights_only=True)
         model = state["model"]
-        if keys is None:
-            keys = list(model.keys())
-            total = {k: model[k].double().clone() if model[k].is_floating_point() else None for k in keys}
-        elif list(model.keys()) != keys:
+        if total is None:
+            keys = list(model)
+            total = {k: t.double().clone() for k, t in model.items() if t.is_floating_point()}
+        elif list(model) != keys:
             raise SystemExit(f"{path} has different parameters than {paths[0]}: not the same architecture")
         else:
-            for k in keys:
-                if total[k] is not None:
-                    total[k] += model[k].double()
-        if _num_updates(state) >= newest_updates:
-            newest, newest_updates = state, _num_updates(state)
-    averaged = {}
-    for k in keys:
-        ref = newest["model"][k]
-        if total[k] is None or k.endswith(KEEP_FROM_NEWEST):
-            averaged[k] = ref
-        else:
-            averaged[k] = (total[k] / len(paths)).to(ref.dtype)
-    newest["model"] = averaged
+            for k in total:
+                total[k] += model[k].double()
+        if newest is None or _num_updates(state) >= _num_updates(newest):
+            newest = state
+    newest["model"] = {k: t if k not in total or k.endswith(KEEP_FROM_NEWEST) else (total[k] / len(paths)).to(t.dtype)
+                       for k, t in newest["model"].items()}
     return newest
 
 
@@ -79,9 +69,8 @@ def main(argv=None):
     if args.num_epoch_checkpoints or args.num_update_checkpoints:
         if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
             parser.error("--num-*-checkpoints needs --inputs to be a single directory")
-        by_update = args.num_update_checkpoints is not None
-        count = args.num_update_checkpoints if by_update else args.num_epoch_checkpoints
-        paths = last_checkpoints(args.inputs[0], count, by_update, args.checkpoint_upper_bound)
+        paths = last_checkpoints(args.inputs[0], args.num_update_checkpoints or args.num_epoch_checkpoints,
+                                 bool(args.num_update_checkpoints), args.checkpoint_upper_bound)
     else:
         paths = args.inputs
     print(f"averaging {len(paths)} checkpoints: {', '.join(paths)}")

@@ -8,19 +8,8 @@ attention and finetune briefly. This script does the swap for fairseq ``transfor
 and ``transformer_lm*`` checkpoints: the output is a checkpoint of the RFA architecture of the same
 name (``rfa_`` + the source's, or the base ``rfa_transformer`` / ``rfa_transformer_lm`` with the
 source's dimensions), with the source's dictionaries and task arguments and every shared weight
-copied (encoder, embeddings, attention projections, FFNs, norms, output projection). The RFA
-parameters are initialised as in a new model, seeded by ``--seed``: sigma (``--rfa-init-sigma``), the
-random matrices, the gate (``--rfa-gate``, ``--rfa-gate-bias``). fairseq-generate, fairseq-eval-lm
-and fairseq-train --finetune-from-model read the output (with ``--user-dir rfa_fairseq``).
-
-A translation model keeps its trained softmax cross attention (the RFA decoder's default);
-``--cross-attention rfa`` replaces it too (the paper's model). ``--decoder-attention softmax`` changes
-no attention: fairseq's decoder with the plugin's beam search (one copy of the source per sentence:
-``SoftmaxCrossAttention``, ``BeamGroupedReorder``), the same hypotheses with less memory and time at
-long sources. The optimizer state is dropped: it belonged to other parameters.
-
-The input is read with torch.load(weights_only=True) (the plugin allow-lists fairseq's checkpoint
-classes), legacy checkpoints with argparse ``args`` included; the output is in the current format.
+copied. The RFA parameters (sigma, random matrices, gate) are initialised as in a new model, seeded
+by ``--seed``; the optimizer state is dropped: it belonged to other parameters.
 """
 import argparse
 import sys
@@ -143,19 +132,17 @@ def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | 
     rfa = rfa_config_from(rfa_cfg)  # validated, defaults filled
     for name in RFA_FIELDS:
         _set(rfa_cfg, name, getattr(rfa, name))
-    if language_model:
-        if cross_attention is not None or decoder_attention is not None:
-            raise ConversionError("--cross-attention and --decoder-attention apply to translation models")
-    else:
-        _set(rfa_cfg, "cross_attention", cross_attention or TranslationAttentionConfig().cross_attention)
-        _set(rfa_cfg, "decoder_attention", decoder_attention or TranslationAttentionConfig().decoder_attention)
+    if language_model and (cross_attention is not None or decoder_attention is not None):
+        raise ConversionError("--cross-attention and --decoder-attention apply to translation models")
+    if not language_model:
+        for name, value in (("cross_attention", cross_attention), ("decoder_attention", decoder_attention)):
+            _set(rfa_cfg, name, value or getattr(TranslationAttentionConfig(), name))
         attention_config_from(rfa_cfg)  # validated against the --rfa-cross-* flags
     torch.manual_seed(seed)  # the RFA parameters' initialisation and random-matrix draws
     model = models.build_model(rfa_cfg, task, from_checkpoint=True)
 
     src, dst = source.state_dict(), model.state_dict()
-    not_carried = sorted(set(src) - set(dst))
-    if not_carried:
+    if not_carried := sorted(set(src) - set(dst)):
         raise ConversionError(f"the RFA model has no place for these source weights: {', '.join(not_carried)}")
     for name, tensor in src.items():
         if dst[name].shape != tensor.shape:
@@ -201,9 +188,8 @@ def main(argv=None):
     gen_parser_from_dataclass(parser, RFAConfig())
     args = parser.parse_args(argv)
     try:
-        state = load_checkpoint(args.input)
-        checkpoint, arch, rfa_only = convert(state, {n: getattr(args, n) for n in RFA_FIELDS}, args.seed,
-                                             args.cross_attention, args.decoder_attention)
+        checkpoint, arch, rfa_only = convert(load_checkpoint(args.input), {n: getattr(args, n) for n in RFA_FIELDS},
+                                             args.seed, args.cross_attention, args.decoder_attention)
     except ValueError as e:  # a ConversionError, or a bad --rfa-* value named by rfa_config_from
         sys.exit(f"rfa-convert-from-softmax: {args.input}: {e}")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -1,26 +1,19 @@
 """Long-text classification: model ``rfa_classifier`` and its Long Range Arena architectures.
 
-An encoder-only transformer (the translation model's encoder, with its ``--encoder-attention`` softmax,
-rfa, favor or lara: ``rfa_encoder.EncoderAttentionConfig``), a pooling of its output (the mean over the
-real tokens, or the first token) and an MLP head, trained and evaluated with fairseq's own
-``sentence_prediction`` task and criterion::
+An encoder-only transformer (the translation model's encoder, with its ``--encoder-attention``:
+``rfa_encoder.EncoderAttentionConfig``), a pooling of its output and an MLP head, trained and
+evaluated with fairseq's own ``sentence_prediction`` task and criterion::
 
     fairseq-train DATA --user-dir rfa_fairseq --task sentence_prediction --num-classes 10 \\
         --criterion sentence_prediction --arch rfa_classifier_lra_listops --encoder-attention rfa ...
     fairseq-validate DATA --user-dir rfa_fairseq --task sentence_prediction --path checkpoint_best.pt ...
 
 Two documents (LRA's Retrieval): the task joins ``input0`` and ``input1`` into one row ``doc1 </s>
-[separator] doc2 </s>`` (``--separator-token``; ``--init-token`` starts the first document). With
-``--classifier-head dual`` the model cuts each row after its first ``</s>``, encodes both documents
-as one batch of 2B rows, pools each to u and v, and feeds [u, v, u*v, u-v] (``--pair-interaction
-nli``, the LRA paper's description) or [u, v] (``concat``, LRA's released code) to the MLP.
-
-Pooling ``cls`` reads the first position, which must hold ``<s>``: train with ``--init-token 0`` (and
-``--separator-token 0`` for pairs). ``mean`` averages over the non-padding positions only (LRA's code
-includes the padding), so the pooled vector does not depend on how much padding a batch adds.
-
-Layouts: ``src_tokens`` is Batch x Time, right-padded; the encoder works in Time x Batch x Channel,
-the heads on Batch x Channel.
+[separator] doc2 </s>``; ``--classifier-head dual`` cuts each row after its first ``</s>``, encodes
+both documents as one batch of 2B rows and feeds the MLP their pooled vectors as [u, v, u*v, u-v]
+(``--pair-interaction nli``, the LRA paper's description) or [u, v] (``concat``, LRA's released code).
+Pooling ``mean`` averages over the non-padding positions only (LRA's code includes the padding), so
+the pooled vector does not depend on how much padding a batch adds. ``src_tokens`` are right-padded.
 """
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
@@ -35,7 +28,7 @@ from omegaconf import II
 from torch import Tensor
 
 from ..config import read_fields
-from ..validation import divisible_heads, flag, one_of, positive_int
+from ..validation import divisible_heads, flag, non_negative_int, one_of, positive_int
 from .rfa_encoder import EncoderAttentionConfig, RFATransformerEncoder, encoder_attention_config_from
 
 POOLINGS = ("mean", "cls")
@@ -85,21 +78,17 @@ class ClassificationHead(nn.Module):
         self.pair_interaction = pair_interaction
         if pair_interaction is None:
             self.mlp = nn.Sequential(nn.Linear(input_dim, mlp_dim), nn.ReLU())
-            out_in = mlp_dim
         else:
             width = {"nli": 4, "concat": 2}[pair_interaction] * input_dim
             self.mlp = nn.Sequential(nn.Linear(width, mlp_dim), nn.ReLU(), nn.Linear(mlp_dim, mlp_dim // 2), nn.ReLU())
-            out_in = mlp_dim // 2
-        self.out_proj = nn.Linear(out_in, num_classes)
+        self.out_proj = nn.Linear(self.mlp[-2].out_features, num_classes)  # after the MLP's last Linear
 
     def forward(self, u: Tensor, v: Optional[Tensor] = None) -> Tensor:
-        if self.pair_interaction is None:
-            x = u
-        elif self.pair_interaction == "nli":
-            x = torch.cat([u, v, u * v, u - v], dim=-1)
-        else:
-            x = torch.cat([u, v], dim=-1)
-        return self.out_proj(self.mlp(x))
+        if self.pair_interaction == "nli":
+            u = torch.cat([u, v, u * v, u - v], dim=-1)
+        elif self.pair_interaction == "concat":
+            u = torch.cat([u, v], dim=-1)
+        return self.out_proj(self.mlp(u))
 
 
 def split_pairs(src_tokens: Tensor, eos: int, pad: int) -> Tuple[Tensor, Tensor]:
@@ -109,15 +98,12 @@ def split_pairs(src_tokens: Tensor, eos: int, pad: int) -> Tuple[Tensor, Tensor]
     if bool((is_eos.sum(dim=1) < 2).any()):
         raise ValueError("--classifier-head dual needs two documents per example, each ended by </s> "
                          "(binarised input0/ and input1/ folders, as recipes/lra/prepare.py writes them)")
-    lengths = src_tokens.ne(pad).sum(dim=1)
     len1 = is_eos.int().argmax(dim=1) + 1  # up to and including the first </s>
-    len2 = lengths - len1
-    t1, t2 = int(len1.max()), int(len2.max())
-    pos1 = torch.arange(t1, device=src_tokens.device).unsqueeze(0)
-    pos2 = torch.arange(t2, device=src_tokens.device).unsqueeze(0)
-    first = src_tokens[:, :t1].masked_fill(pos1 >= len1.unsqueeze(1), pad)
-    index = (len1.unsqueeze(1) + pos2).clamp(max=src_tokens.size(1) - 1)
-    second = src_tokens.gather(1, index).masked_fill(pos2 >= len2.unsqueeze(1), pad)
+    len2 = src_tokens.ne(pad).sum(dim=1) - len1
+    pos = torch.arange(src_tokens.size(1), device=src_tokens.device).unsqueeze(0)
+    first = src_tokens.masked_fill(pos >= len1.unsqueeze(1), pad)[:, :int(len1.max())]
+    index = (len1.unsqueeze(1) + pos).clamp(max=src_tokens.size(1) - 1)
+    second = src_tokens.gather(1, index).masked_fill(pos >= len2.unsqueeze(1), pad)[:, :int(len2.max())]
     return first, second
 
 
@@ -127,8 +113,7 @@ class RFAClassifierModel(BaseFairseqModel):
 
     def __init__(self, args, encoder: RFATransformerEncoder):
         super().__init__()
-        self.args = args
-        self.encoder = encoder
+        self.args, self.encoder = args, encoder
         self.pooling = str(args.classifier_pooling)
         self.dual = str(args.classifier_head) == "dual"
         self.classification_heads = nn.ModuleDict()
@@ -139,8 +124,7 @@ class RFAClassifierModel(BaseFairseqModel):
         for name in ("encoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads",
                      "max_positions"):
             positive_int(flag(name), safe_getattr(args, name))
-        if args.classifier_mlp_dim < 0:
-            raise ValueError(f"--classifier-mlp-dim must be 0 (the FFN size) or positive, got {args.classifier_mlp_dim!r}")
+        non_negative_int(flag("classifier_mlp_dim"), args.classifier_mlp_dim)  # 0: the FFN size
         attention = encoder_attention_config_from(args)  # the checks of the translation model's encoder
         for name, choices in (("classifier_pooling", POOLINGS), ("classifier_head", CLASSIFIER_HEADS),
                               ("pair_interaction", PAIR_INTERACTIONS)):
@@ -151,8 +135,7 @@ class RFAClassifierModel(BaseFairseqModel):
         cfg.max_source_positions = args.max_positions
         dictionary = task.source_dictionary
         embed_tokens = Embedding(len(dictionary), args.encoder_embed_dim, dictionary.pad())
-        encoder = RFATransformerEncoder(cfg, dictionary, embed_tokens, attention)
-        return cls(args, encoder)
+        return cls(args, RFATransformerEncoder(cfg, dictionary, embed_tokens, attention))
 
     def register_classification_head(self, name, num_classes=None, inner_dim=None, **kwargs):
         """Called by ``sentence_prediction`` with ``--num-classes``; ``inner_dim`` overrides the MLP size."""
@@ -179,12 +162,11 @@ class RFAClassifierModel(BaseFairseqModel):
         """Returns (logits Batch x classes, {"pooled": Batch x Channel}) with a head name, else
         (pooled, {}). For two documents "pooled" is [u; v], 2B x Channel."""
         if self.dual:
-            first, second = split_pairs(src_tokens, self.encoder.dictionary.eos(), self.encoder.dictionary.pad())
-            width = max(first.size(1), second.size(1))
             pad = self.encoder.dictionary.pad()
-            both = torch.cat([nn.functional.pad(first, (0, width - first.size(1)), value=pad),
-                              nn.functional.pad(second, (0, width - second.size(1)), value=pad)])
-            pooled = self.pooled(both)
+            docs = split_pairs(src_tokens, self.encoder.dictionary.eos(), pad)
+            width = max(doc.size(1) for doc in docs)
+            pooled = self.pooled(torch.cat([nn.functional.pad(doc, (0, width - doc.size(1)), value=pad)
+                                            for doc in docs]))
             u, v = pooled.chunk(2, dim=0)
         else:
             pooled = self.pooled(src_tokens)
@@ -209,11 +191,6 @@ class RFAClassifierModel(BaseFairseqModel):
                     self.register_classification_head(head, state_dict[key].size(0), inner_dim=inner)
 
 
-def _set_default(args, name, value):
-    if safe_getattr(args, name, None) is None:
-        setattr(args, name, value)
-
-
 # ``rfa_classifier`` itself takes the dataclass's defaults; the named architectures fill them with this.
 def rfa_classifier_base_architecture(args):
     for name, value in read_fields(RFAClassifierConfig, args).items():
@@ -224,32 +201,27 @@ def rfa_classifier_base_architecture(args):
 # Long Range Arena (Tay et al., ICLR 2021; google-research/long-range-arena cd31e5c, base_listops_config.py,
 # base_tc_config.py, base_match_config.py): pre-norm, sinusoidal positions, GELU FFN, dropout 0.1, CLS pooling
 # and a head MLP as wide as the FFN.
+def _lra_architecture(args, embed_dim: int, heads: int, ffn_dim: int, **more):
+    for name, value in dict(encoder_layers=4, encoder_embed_dim=embed_dim, encoder_attention_heads=heads,
+                            encoder_ffn_embed_dim=ffn_dim, **more).items():
+        if safe_getattr(args, name, None) is None:
+            setattr(args, name, value)
+    rfa_classifier_base_architecture(args)
+
+
 @register_model_architecture("rfa_classifier", "rfa_classifier_lra_listops")
 def rfa_classifier_lra_listops(args):
     """ListOps: 4 layers, 512 dims, 8 heads, FFN 1024; 10 classes, up to 2,000 tokens."""
-    _set_default(args, "encoder_layers", 4)
-    _set_default(args, "encoder_embed_dim", 512)
-    _set_default(args, "encoder_attention_heads", 8)
-    _set_default(args, "encoder_ffn_embed_dim", 1024)
-    rfa_classifier_base_architecture(args)
+    _lra_architecture(args, 512, 8, 1024)
 
 
 @register_model_architecture("rfa_classifier", "rfa_classifier_lra_text")
 def rfa_classifier_lra_text(args):
     """Text (byte-level IMDb): 4 layers, 256 dims, 4 heads, FFN 1024; 2 classes."""
-    _set_default(args, "encoder_layers", 4)
-    _set_default(args, "encoder_embed_dim", 256)
-    _set_default(args, "encoder_attention_heads", 4)
-    _set_default(args, "encoder_ffn_embed_dim", 1024)
-    rfa_classifier_base_architecture(args)
+    _lra_architecture(args, 256, 4, 1024)
 
 
 @register_model_architecture("rfa_classifier", "rfa_classifier_lra_retrieval")
 def rfa_classifier_lra_retrieval(args):
     """Retrieval (byte-level AAN pairs): 4 layers, 128 dims, 4 heads, FFN 512, the dual head; 2 classes."""
-    _set_default(args, "encoder_layers", 4)
-    _set_default(args, "encoder_embed_dim", 128)
-    _set_default(args, "encoder_attention_heads", 4)
-    _set_default(args, "encoder_ffn_embed_dim", 512)
-    _set_default(args, "classifier_head", "dual")
-    rfa_classifier_base_architecture(args)
+    _lra_architecture(args, 128, 4, 512, classifier_head="dual")

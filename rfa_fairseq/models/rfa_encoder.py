@@ -1,18 +1,11 @@
-"""The translation model's encoder with linear self-attention: RFA, FAVOR+ or LARA.
-
-fairseq's TransformerEncoder with one builder overridden: each layer's ``self_attn`` comes from
-``modules.encoder_attention.build_encoder_self_attention``; the rest is fairseq's. Layout: Time x
-Batch x Channel inside layers; the padding mask passed to every layer (``[B, S]``, True = pad) keeps
-padded positions out of the keys, the values and LARA's landmarks. With ``--encoder-attention
-softmax`` (the default) the model builds fairseq's own encoder (:class:`SoftmaxTransformerEncoder`,
-which adds no weights), so softmax-encoder checkpoints hold exactly the weights they always did.
-
-:class:`EncoderAttentionConfig` holds the encoder's choices, which the translation model and the
-classifier both have; :func:`encoder_attention_config_from` reads and checks them.
+"""The translation model's encoder with linear self-attention (RFA, FAVOR+ or LARA), Time x Batch x
+Channel inside layers; the padding mask (``[B, S]``, True = pad) keeps padded positions out of the keys,
+the values and LARA's landmarks. With ``--encoder-attention softmax`` (the default) the model builds
+fairseq's own encoder (:class:`SoftmaxTransformerEncoder`, which adds no weights), so softmax-encoder
+checkpoints hold exactly the weights they always did.
 """
 from dataclasses import dataclass, field, fields
 
-import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models.transformer import TransformerEncoderBase
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
@@ -72,9 +65,9 @@ def encoder_attention_config_from(args) -> EncoderAttentionConfig:
 
 class BeamGroupedReorder:
     """``reorder_encoder_out`` without fairseq's copy (an ``index_select`` of the T x (B * beam) x C output
-    after every step, costlier than the decoder step at long sources) where it would change nothing:
-    while the batch keeps its size, orders move rows only within their sentence's beam
-    (``modules/beam.py``), whose rows are copies of one row. Orders that drop sentences are applied as fairseq does."""
+    after every step, costlier than the decoder step at long sources) where it would change nothing: while
+    the batch keeps its size, orders move rows only within their sentence's beam (``modules/beam.py``),
+    whose rows are copies of one row. Orders that drop sentences are applied as fairseq does."""
 
     def reorder_encoder_out(self, encoder_out, new_order):
         out = encoder_out["encoder_out"]
@@ -108,8 +101,7 @@ class RFATransformerEncoder(BeamGroupedReorder, TransformerEncoderBase):
     ``TransformerEncoderBase`` (a ``TransformerConfig``), plus the attention choices."""
 
     def __init__(self, cfg, dictionary, embed_tokens, attention: EncoderAttentionConfig, return_fc=False):
-        self.attention = attention
-        self._layers_built = 0
+        self.attention, self._layers_built = attention, 0  # build_encoder_layer runs in the parent constructor
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
 
     def build_encoder_layer(self, cfg):

@@ -1,8 +1,6 @@
-"""The translation model's attention choices (``rfa_transformer`` only), and their checks.
-
-Not ``--rfa-*`` flags (``rfa_fairseq.config``), which shape the RFA decoder: these choose between
-attentions, the encoder's (:class:`EncoderAttentionConfig`), the decoder's and its cross attention's.
-"""
+"""The translation model's attention choices (``rfa_transformer`` only), and their checks: not the
+``--rfa-*`` flags (``rfa_fairseq.config``), which shape the RFA decoder, but which attention the encoder
+(:class:`EncoderAttentionConfig`), the decoder and its cross attention use."""
 from dataclasses import dataclass, field, fields
 
 from fairseq.dataclass import ChoiceEnum

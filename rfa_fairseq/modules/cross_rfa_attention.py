@@ -1,11 +1,10 @@
-"""CrossRFAttention: RFA for the decoder's attention over the encoder output.
+"""CrossRFAttention: RFA for the decoder's attention over the encoder output, a drop-in for fairseq's
+MultiheadAttention in a decoder layer's ``encoder_attn`` slot, Time x Batch x Channel.
 
-Drop-in for fairseq's MultiheadAttention in a decoder layer's ``encoder_attn`` slot, Time x Batch x
-Channel. In decoding the source is summarised once into a state ``[S | z]`` ``[Bs, H, F, K + 1]``
-(padding excluded), read at O(F K) per query and head. A whole target at once (training, scoring)
-takes whichever of that summary and the ``[Tq, S]`` feature products costs fewer multiply-adds
-(``ops.quadratic_is_cheaper``): the same numbers either way. Asked for the attention weights, the
-module keeps the keys' features, which give both.
+In decoding the source is summarised once into a state ``[S | z]`` ``[Bs, H, F, K + 1]`` (padding
+excluded), read at O(F K) per query and head. A whole target at once (training, scoring) takes
+whichever of that summary and the ``[Tq, S]`` feature products costs fewer multiply-adds
+(``ops.quadratic_is_cheaper``): the same numbers either way.
 
 Beam search: fairseq's SequenceGenerator calls ``set_beam_size`` and repeats the encoder output
 ``beam`` times, sentence-major. The state is computed from one copy per sentence and each sentence's
@@ -51,10 +50,9 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
                       keep_keys: bool) -> Dict[str, Optional[Tensor]]:
         """What the queries read, from one copy of each source (every ``rows``-th row): the ``state``, or
         with ``keep_keys`` (weights asked for) the keys' features ``k``, the values ``v`` and the mask."""
-        if rows > 1:
-            key, value = key[:, ::rows], value[:, ::rows]
-            if key_padding_mask is not None:
-                key_padding_mask = key_padding_mask[::rows]
+        key, value = key[:, ::rows], value[:, ::rows]
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask[::rows]
         k = self._key_features(split_heads(self.k_proj(key), self.num_heads), key_padding_mask)
         v = split_heads(self.v_proj(value), self.num_heads)
         if keep_keys:
@@ -80,29 +78,23 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
         if attn_mask is not None or before_softmax:
             raise ValueError("CrossRFAttention supports neither attn_mask nor before_softmax")
         need_weights = need_weights or need_head_weights
-        Tq, B, _ = query.shape
+        saved = self.get_incremental_state(incremental_state, self.STATE_KEY)  # None without a decoding state
+        if key is None and (saved is None or (need_weights and "k" not in saved)):
+            raise ValueError("CrossRFAttention needs the encoder output (in decoding, on the first step)")
+        value = key if value is None else value
         if incremental_state is None and not need_weights:
-            if key is None:
-                raise ValueError("CrossRFAttention needs the encoder output")
             heads = (split_heads(self.q_proj(query), self.num_heads), split_heads(self.k_proj(key), self.num_heads),
-                     split_heads(self.v_proj(value if value is not None else key), self.num_heads))
+                     split_heads(self.v_proj(value), self.num_heads))
             if self.recompute and torch.is_grad_enabled():
                 out = checkpoint(self._whole, *heads, key_padding_mask, query.dtype,
                                  self.feature_map.matrix_for_recompute(), use_reentrant=False, preserve_rng_state=False)
             else:
                 out = self._whole(*heads, key_padding_mask, query.dtype)
             return self.out_proj(merge_heads(out)), None
-        saved = None
-        if incremental_state is not None:
-            saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
         if saved is None or (need_weights and "k" not in saved):
-            if key is None:
-                raise ValueError("CrossRFAttention needs the encoder output on the first step")
-            rows = self.rows_per_source(B) if incremental_state is not None else 1
-            saved = self._source_state(key, value if value is not None else key, key_padding_mask, rows,
-                                       keep_keys=need_weights)
-            if incremental_state is not None:
-                self._set_input_buffer(incremental_state, saved)
+            rows = self.rows_per_source(query.size(1)) if incremental_state is not None else 1
+            saved = self._source_state(key, value, key_padding_mask, rows, keep_keys=need_weights)
+            self._set_input_buffer(incremental_state, saved)  # a no-op without a decoding state
         q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
         guard = dict(eps=self.eps, absolute=self.abs_denominator)
         if "state" in saved:
@@ -110,24 +102,21 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
         else:
             out = cross_rfa_quadratic(q, saved["k"], saved["v"], saved["key_padding_mask"], out_dtype=query.dtype,
                                       **guard)
-        out = self.out_proj(merge_heads(out))
         weights = None
         if need_weights:  # the state then holds the keys (see _source_state)
             weights = cross_rfa_weights(q, saved["k"], saved["key_padding_mask"], **guard)
             weights = weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
-        return out, weights
+        return self.out_proj(merge_heads(out)), weights
 
     def _whole(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out_dtype: torch.dtype,
                random_matrix: Optional[Tensor] = None) -> Tensor:
-        """Heads in, attention out ``[B, H, Tq, K]`` (without a decoding state or weights): through the
-        source summary, or the ``[Tq, S]`` feature products where cheaper (``ops/cross_rfa/quadratic.py``)."""
+        """Heads in, attention out ``[B, H, Tq, K]`` (without a decoding state or weights)."""
         phi_q = self.feature_map(q, random_matrix)
         phi_k = self._key_features(k, key_padding_mask, random_matrix)
+        guard = dict(eps=self.eps, out_dtype=out_dtype, absolute=self.abs_denominator)
         if quadratic_is_cheaper(k.shape[2], phi_q.shape[-1], v.shape[-1], Tq=q.shape[2]):
-            return cross_rfa_quadratic(phi_q, phi_k, v, key_padding_mask, eps=self.eps, out_dtype=out_dtype,
-                                       absolute=self.abs_denominator)
-        return cross_rfa_apply(phi_q, cross_rfa_state(phi_k, v, key_padding_mask), eps=self.eps, out_dtype=out_dtype,
-                               absolute=self.abs_denominator)
+            return cross_rfa_quadratic(phi_q, phi_k, v, key_padding_mask, **guard)
+        return cross_rfa_apply(phi_q, cross_rfa_state(phi_k, v, key_padding_mask), **guard)
 
     def _key_features(self, k: Tensor, key_padding_mask: Optional[Tensor],
                       random_matrix: Optional[Tensor] = None) -> Tensor:
@@ -137,12 +126,9 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         saved = self.get_incremental_state(incremental_state, self.STATE_KEY)
-        if saved is None:
-            return incremental_state
-        num_sources = next(iter(saved.values())).size(0)
-        if num_sources * self.beam_size == new_order.numel():
-            return incremental_state  # beams were reordered within their sentences
-        index = self.source_order(new_order)
-        saved = {name: None if t is None else t.index_select(0, index) for name, t in saved.items()}
-        self._set_input_buffer(incremental_state, saved)
+        # Nothing to move before the first step, nor while beams are reordered within their sentences.
+        if saved is not None and next(iter(saved.values())).size(0) * self.beam_size != new_order.numel():
+            index = self.source_order(new_order)
+            saved = {name: None if t is None else t.index_select(0, index) for name, t in saved.items()}
+            self._set_input_buffer(incremental_state, saved)
         return incremental_state

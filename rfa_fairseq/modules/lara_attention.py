@@ -1,12 +1,4 @@
-"""LARAttention: linear randomised attention (LARA) as a non-causal self-attention layer.
-
-For an encoder's ``self_attn`` slot (``encoder_attention.build_encoder_self_attention``), Time x Batch
-x Channel. The math is ``ops.lara``: softmax attention estimated from ``C`` landmark proposals in
-O(T C K) per head. In training each proposal draws one fresh sample per sequence and head from torch's
-random stream (which fairseq reseeds from ``--seed`` and the update number). In evaluation the sample
-is the proposal's mean (``noise = 0``), as in the authors' code: deterministic, nothing random in the
-checkpoint, and closer to softmax attention than a random sample (``tests/ops/test_lara.py``).
-"""
+"""LARAttention: linear randomised attention (``ops.lara``) as an encoder's self-attention layer."""
 from typing import Optional, Tuple
 
 import torch
@@ -34,11 +26,14 @@ class LARAttention(nn.Module):
 
     Args:
         embed_dim: model dimension ``C``; num_heads: ``H`` (``K = C / H``).
-        landmarks: ``C`` landmarks per head: proposals, and samples (one per proposal).
+        landmarks: landmarks per head: proposals, and samples (one per proposal); cost linear in them.
         alpha_coeff: ``lambda`` of the query-specific weights (``ops.lara``; 1 as the paper).
 
     Projections are initialised as fairseq's MultiheadAttention's, and queries and keys scaled by
-    ``K^-1/4`` each, so the estimate is a softmax layer's ``softmax(q k^T / sqrt(K)) v``.
+    ``K^-1/4`` each, so the estimate is a softmax layer's ``softmax(q k^T / sqrt(K)) v``. In training
+    each proposal draws a fresh sample per sequence and head (torch's random stream, which fairseq
+    reseeds from ``--seed`` and the update number); in evaluation the sample is the proposal's mean, as
+    in the authors' code: deterministic, and closer to softmax attention than a random sample.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, landmarks: int = 16, bias: bool = True,
@@ -47,12 +42,9 @@ class LARAttention(nn.Module):
         divisible_heads(embed_dim, num_heads)
         positive_int("landmarks", landmarks)
         self.embed_dim, self.num_heads, self.landmarks = embed_dim, num_heads, landmarks
-        self.head_dim = embed_dim // num_heads
-        self.alpha_coeff = alpha_coeff
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.head_dim, self.alpha_coeff = embed_dim // num_heads, alpha_coeff
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
+            nn.Linear(embed_dim, embed_dim, bias=bias) for _ in range(4))
         for proj in (self.q_proj, self.k_proj, self.v_proj):
             init_projection(proj, gain=2**-0.5)
         init_projection(self.out_proj)

@@ -1,9 +1,5 @@
 """LARA: linear randomised attention (Zheng, Wang and Kong, ICML 2022), pure torch.
 
-Layout: ``q, k, v`` are ``[B, H, T, K]``; ``key_padding_mask`` is ``[B, T]`` (True = pad). The
-queries and keys are *scaled* heads: softmax attention is ``softmax_j(q_i . k_j) v`` (a caller
-with raw heads multiplies each by ``K^-1/4``). Results are in fp32 (fp64 for fp64 inputs).
-
 **Why it works.** With ``xi(x, w) = exp(w . x - |x|^2 / 2)``, ``exp(q . k) = E_{w ~ N(0, I)}[xi(q, w)
 xi(k, w)]``, and softmax attention of query ``n`` is the expectation of ``f_n(w) = sum_m xi(k_m, w) v_m
 / sum_m xi(k_m, w)`` under ``p_n(w) = sum_m softmax_m(q_n . k_m) N(w; q_n + k_m, I)`` (Prop. 1).
@@ -16,8 +12,8 @@ the estimate query-specific through its weights:
 1. landmarks: the non-padding positions of each sequence cut into ``C`` contiguous segments;
    ``q~_c``, ``k~_c`` are the means of the queries and of the keys in segment ``c``;
 2. proposals ``q_c(w) = N(w; mu_c, I)`` with ``mu_c = q~_c + k~_c`` (Eq. 34), one sample each,
-   ``w_c = mu_c + eps_c`` (``eps``: the caller's standard normal draw, ``[H, C, K]`` or
-   ``[B, H, C, K]``: fixed noise makes the op deterministic and differentiable);
+   ``w_c = mu_c + eps_c`` (``eps``: the caller's standard normal draw: fixed noise makes the op
+   deterministic and differentiable);
 3. weights (Eq. 9) ``alpha_nc(w) = q_c(w) / sum_c' q_c'(w) + lambda (r_nc - 1 / C)`` with
    ``r_nc = softmax_c(q_n . q~_c)`` (as the authors' code): the balance heuristic, moved towards the
    query's own region by a term that sums to zero over ``c``, so ``sum_c alpha_nc(w) = 1``;
@@ -31,7 +27,6 @@ linear in the length, all in log space (logsumexp, softmax) so that large logits
 **The guard.** A negative ``alpha_nc`` (small balance, query far from segment ``c``) could bring the
 self-normalised denominator to zero; as in the authors' code, ``alpha`` is clamped at
 :data:`ALPHA_FLOOR` (> 0), so the output is a convex combination of the ``f_n(w_c)``, always finite.
-:func:`naive_lara` computes the same estimator with loops; it is the reference of the tests.
 """
 import math
 from typing import Optional, Tuple
@@ -45,12 +40,11 @@ ALPHA_FLOOR = 1e-8
 
 
 def segment_landmarks(x: Tensor, key_padding_mask: Optional[Tensor], num_landmarks: int) -> Tuple[Tensor, Tensor]:
-    """Means of ``x`` ``[B, H, T, K]`` over ``C = num_landmarks`` contiguous segments of the
-    non-padding positions of each sequence: ``[B, H, C, K]``, and ``present [B, C]`` (bool).
-
-    The non-padding position of rank ``r`` of ``L`` falls in segment ``floor(r C / L)``. Padding is
-    skipped wherever it is (fairseq pads sources on the left), so padding changes no landmark. A row
-    shorter than ``C`` has ``C - L`` empty segments (``present`` False, mean 0), left out by the caller."""
+    """Means of ``x`` ``[B, H, T, K]`` over ``C = num_landmarks`` contiguous segments of the non-padding
+    positions of each sequence: ``[B, H, C, K]``, and ``present [B, C]`` (bool). The non-padding position
+    of rank ``r`` of ``L`` falls in segment ``floor(r C / L)``. Padding is skipped wherever it is (fairseq
+    pads sources on the left), so padding changes no landmark. A row shorter than ``C`` has ``C - L``
+    empty segments (``present`` False, mean 0), left out by the caller."""
     B, _, T, _ = x.shape
     valid = (torch.ones(B, T, dtype=torch.bool, device=x.device) if key_padding_mask is None
              else ~key_padding_mask.to(torch.bool))
@@ -63,6 +57,13 @@ def segment_landmarks(x: Tensor, key_padding_mask: Optional[Tensor], num_landmar
     return torch.einsum("btc,bhtk->bhck", assign, x), counts > 0
 
 
+def _mask_keys(logits: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
+    """``-inf`` in ``logits [B, H, *, T]`` at the padded keys of ``key_padding_mask [B, T]``."""
+    if key_padding_mask is None:
+        return logits
+    return logits.masked_fill(key_padding_mask.to(torch.bool)[:, None, None, :], float("-inf"))
+
+
 def _log_xi(x: Tensor, w: Tensor) -> Tensor:
     """``log xi(x_t, w_c) = w_c . x_t - |x_t|^2 / 2``: x ``[B, H, T, K]``, w ``[B, H, C, K]`` -> ``[B, H, C, T]``."""
     return w @ x.transpose(-1, -2) - 0.5 * x.pow(2).sum(-1).unsqueeze(-2)
@@ -73,7 +74,7 @@ def lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask: Optio
     """LARA's estimate of ``softmax(q k^T) v`` with ``C = noise.shape[-2]`` landmarks and samples.
 
     Args:
-        q, k, v: ``[B, H, T, K]`` (queries and keys scaled, see the module docstring);
+        q, k, v: ``[B, H, T, K]``, queries and keys scaled (a caller with raw heads multiplies each by ``K^-1/4``);
         noise: standard normal ``[H, C, K]`` or ``[B, H, C, K]``: proposal ``c`` samples ``mu_c + noise_c``;
         key_padding_mask: ``[B, T]``, True at padding (excluded as keys and from the landmarks;
             every row needs a non-padding position);
@@ -89,9 +90,7 @@ def lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask: Optio
     mu = q_land + k_land
     w = mu + noise  # [B, H, C, K]: one sample per proposal
 
-    log_xi_k = _log_xi(k, w)  # [B, H, C, T]
-    if key_padding_mask is not None:
-        log_xi_k = log_xi_k.masked_fill(key_padding_mask.to(torch.bool)[:, None, None, :], float("-inf"))
+    log_xi_k = _mask_keys(_log_xi(k, w), key_padding_mask)  # [B, H, C, T]
     f = torch.softmax(log_xi_k, dim=-1) @ v  # f_n(w_c) = sum_m xi(k_m, w_c) v_m / sum_m xi(k_m, w_c): [B, H, C, K]
     log_keys = torch.logsumexp(log_xi_k, dim=-1)  # log sum_m xi(k_m, w_c): [B, H, C]
 
@@ -118,13 +117,11 @@ def naive_lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask:
     q, k, v, noise = q.to(acc), k.to(acc), v.to(acc), noise.to(acc)
     B, H, T, K = q.shape
     C = noise.shape[-2]
-    if noise.dim() == 3:
-        noise = noise.expand(B, H, C, K)
+    noise = noise.expand(B, H, C, K)  # [H, C, K] or [B, H, C, K]
     out = torch.zeros(B, H, T, K, dtype=acc)
-    log_2pi = math.log(2 * math.pi)
 
     def log_normal(w, mean):  # log N(w; mean, I)
-        return -0.5 * (w - mean).pow(2).sum() - 0.5 * K * log_2pi
+        return -0.5 * (w - mean).pow(2).sum() - 0.5 * K * math.log(2 * math.pi)
 
     for b in range(B):
         keys = [j for j in range(T) if key_padding_mask is None or not bool(key_padding_mask[b, j])]
@@ -138,12 +135,9 @@ def naive_lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask:
             w = {c: mu[c] + noise[b, h, c] for c in used}
             log_q = {(c, c2): log_normal(w[c], mu[c2]) for c in used for c2 in used}  # log q_c2(w_c)
             for n in range(T):
-                logits = torch.stack([q[b, h, n] @ k[b, h, m] for m in keys])
-                pi = torch.softmax(logits, 0)  # mixture weights of p_n
-                r_logits = torch.stack([q[b, h, n] @ q_land[c] for c in used])
-                r = dict(zip(used, torch.softmax(r_logits, 0)))
-                num = torch.zeros(K, dtype=acc)
-                den = torch.zeros((), dtype=acc)
+                pi = torch.softmax(torch.stack([q[b, h, n] @ k[b, h, m] for m in keys]), 0)  # mixture weights of p_n
+                r = dict(zip(used, torch.softmax(torch.stack([q[b, h, n] @ q_land[c] for c in used]), 0)))
+                num, den = torch.zeros(K, dtype=acc), torch.zeros((), dtype=acc)
                 for c in used:
                     wc = w[c]
                     log_p = torch.logsumexp(torch.stack(
@@ -163,9 +157,7 @@ def naive_lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask:
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
     """Exact ``softmax_j(q_i . k_j) v_j`` over non-padding keys: ``[B, H, T, K]`` (the target)."""
     acc = compute_dtype(q)
-    logits = q.to(acc) @ k.to(acc).transpose(-1, -2)
-    if key_padding_mask is not None:
-        logits = logits.masked_fill(key_padding_mask.to(torch.bool)[:, None, None, :], float("-inf"))
+    logits = _mask_keys(q.to(acc) @ k.to(acc).transpose(-1, -2), key_padding_mask)
     return torch.softmax(logits, dim=-1) @ v.to(acc)
 
 
@@ -179,17 +171,10 @@ def randomized_attention(q: Tensor, k: Tensor, v: Tensor, num_samples: int = 1,
     acc = compute_dtype(q)
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     B, H, T, K = q.shape
-    logits = q @ k.transpose(-1, -2)
-    pad = None if key_padding_mask is None else key_padding_mask.to(torch.bool)[:, None, None, :]
-    if pad is not None:
-        logits = logits.masked_fill(pad, float("-inf"))
-    pi = torch.softmax(logits, dim=-1).reshape(-1, T)
+    pi = torch.softmax(_mask_keys(q @ k.transpose(-1, -2), key_padding_mask), dim=-1).reshape(-1, T)
     picked = torch.multinomial(pi, num_samples, replacement=True, generator=generator).reshape(B, H, T * num_samples)
     k_picked = torch.gather(k, 2, picked.unsqueeze(-1).expand(-1, -1, -1, K)).reshape(B, H, T, num_samples, K)
     eps = torch.randn(B, H, T, num_samples, K, generator=generator, dtype=acc)
     w = (q.unsqueeze(3) + k_picked + eps).reshape(B, H, T * num_samples, K)
-    log_xi_k = _log_xi(k, w)  # [B, H, T * S, T]
-    if pad is not None:
-        log_xi_k = log_xi_k.masked_fill(pad, float("-inf"))
-    f = torch.softmax(log_xi_k, dim=-1) @ v
+    f = torch.softmax(_mask_keys(_log_xi(k, w), key_padding_mask), dim=-1) @ v  # [B, H, T * S, K]
     return f.reshape(B, H, T, num_samples, K).mean(3)

@@ -13,21 +13,16 @@ def naive_cross_rfa(
     absolute: bool = False,
 ) -> Tensor:
     """out_i = sum_j phi(q_i).phi(k_j) v_j / max(sum_j phi(q_i).phi(k_j), eps) over non-pad keys j
-    (with ``absolute``: the sum's absolute value in the max).
-
-    Args:
-        q: ``[B, H, Tq, F]``; k: ``[B, H, S, F]``; v: ``[B, H, S, K]``;
-        key_padding_mask: ``[B, S]``, True at padding, or None.
-    Returns: ``[B, H, Tq, K]`` in the dtype of ``v``.
-    """
+    (with ``absolute``: the sum's absolute value in the max). q: ``[B, H, Tq, F]``; k: ``[B, H, S, F]``;
+    v: ``[B, H, S, K]``; key_padding_mask: ``[B, S]``, True at padding. Returns ``[B, H, Tq, K]`` in the
+    dtype of ``v``."""
     B, H, Tq, F = q.shape
     S_len, K = v.shape[2], v.shape[3]
     acc = compute_dtype(q)
     out = torch.empty(B, H, Tq, K, dtype=v.dtype, device=v.device)
     for b in range(B):
         for i in range(Tq):
-            num = q.new_zeros(H, K, dtype=acc)
-            den = q.new_zeros(H, dtype=acc)
+            num, den = q.new_zeros(H, K, dtype=acc), q.new_zeros(H, dtype=acc)
             for j in range(S_len):
                 if key_padding_mask is not None and bool(key_padding_mask[b, j]):
                     continue

@@ -1,10 +1,13 @@
-"""Cross RFA through its state: the source summarised once; each query costs O(F K).
+"""Cross RFA through its state: the source summarised once as ``[S | z]`` ``[B, H, F, K + 1]`` (``S =
+sum_j phi(k_j) v_j^T``, ``z = sum_j phi(k_j)`` over the non-padding positions; the causal state's layout:
+one matmul per query), read at O(F K) per query. A state of ``Bs`` sources serves ``Bs * beam``
+sentence-major query rows (rows ``i * beam ... (i + 1) * beam - 1`` share source ``i``), as in fairseq's
+beam search, without a copy per beam (:func:`group_queries`).
 
-``S = sum_j phi(k_j) v_j^T`` and ``z = sum_j phi(k_j)`` over the non-padding source positions,
-packed as ``[S | z]`` ``[B, H, F, K + 1]`` (the layout of the causal state: one matmul per query).
-A state of ``Bs`` sources can serve ``Bs * beam`` sentence-major query rows (rows ``i * beam ...
-(i + 1) * beam - 1`` share source ``i``), as in fairseq's beam search, without a copy per beam
-(:func:`group_queries`).
+:func:`cross_rfa_quadratic` gives the same numbers through the ``[Tq, S]`` feature products (by
+associativity ``phi(q_i).[S | z] = sum_j (phi(q_i).phi(k_j)) [v_j | 1]``), cheaper while source and
+target are short next to the feature size (in training at sentence lengths, several times). Decoding
+does not use it: the whole decode gained a few percent, not worth a second kind of decoding state.
 """
 from typing import Optional
 
@@ -17,9 +20,8 @@ from ..denominator import DEFAULT_EPS, compute_dtype, exact_dtypes, guard, guard
 
 @exact_dtypes
 def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
-    """k: ``[B, H, S, F]``, v: ``[B, H, S, K]``, key_padding_mask ``[B, S]`` (True = pad).
-
-    Returns the state ``[S | z]`` ``[B, H, F, K + 1]`` in fp32 (fp64 for fp64 inputs)."""
+    """k: ``[B, H, S, F]``, v: ``[B, H, S, K]``, key_padding_mask ``[B, S]`` (True = pad). Returns the
+    state ``[S | z]`` ``[B, H, F, K + 1]`` in fp32 (fp64 for fp64 inputs)."""
     acc = compute_dtype(k)
     kf = k.to(acc)
     if key_padding_mask is not None:
@@ -32,7 +34,6 @@ def key_norm_weights(k: Tensor, key_padding_mask: Optional[Tensor] = None) -> Te
     divided by its largest value over the non-padding keys of each source and head (a constant that
     cancels in the attention ratio and keeps the weights <= 1). Multiplying ``phi(k_j)`` by it
     (rfa-doc-mt's ``--norm-rescale``) lets a key's norm set how much it is attended to.
-
     k: ``[B, H, S, K]`` (heads before the feature map); returns ``[B, H, S, 1]`` in fp32."""
     log_w = k.to(compute_dtype(k)).pow(2).sum(-1, keepdim=True) / (2 * k.shape[-1])
     if key_padding_mask is not None:
@@ -59,10 +60,9 @@ def ungroup(out: Tensor, B: int, Tq: int) -> Tensor:
 @exact_dtypes
 def cross_rfa_apply(q: Tensor, state: Tensor, eps: float = DEFAULT_EPS, out_dtype=None,
                     absolute: bool = False) -> Tensor:
-    """q: ``[B, H, Tq, F]``; the state of :func:`cross_rfa_state` for ``B`` or ``B / beam``
-    sources. ``eps``, ``absolute``: the denominator's guard (``ops.denominator``).
-
-    Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
+    """q: ``[B, H, Tq, F]``; the state of :func:`cross_rfa_state` for ``B`` or ``B / beam`` sources;
+    ``eps``, ``absolute``: the denominator's guard (``ops.denominator``). Returns ``[B, H, Tq, K]`` in
+    ``out_dtype`` (default: dtype of ``q``)."""
     o = group_queries(q.to(state.dtype), state.shape[0]) @ state  # numerator | denominator
     out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)
     return ungroup(out, q.shape[0], q.shape[2])
@@ -76,6 +76,27 @@ def feature_products(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = 
     if key_padding_mask is not None:
         scores = scores.masked_fill(key_padding_mask[:, None, None, :].to(torch.bool), 0.0)
     return scores
+
+
+def quadratic_is_cheaper(S: int, Fd: int, K: int, Tq: int) -> bool:
+    """Whether :func:`cross_rfa_quadratic` takes fewer multiply-adds than the summary for ``Tq`` queries
+    per source and head: ``Tq S (F + K + 1)`` against ``(S + Tq) F (K + 1)``."""
+    return Tq * S * (Fd + K + 1) < (S + Tq) * Fd * (K + 1)
+
+
+@exact_dtypes
+def cross_rfa_quadratic(
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS,
+    out_dtype=None, absolute: bool = False,
+) -> Tensor:
+    """q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]``, v: ``[Bs, H, S, K]``, key_padding_mask
+    ``[Bs, S]`` (True = pad) for ``Bs`` = ``B`` or ``B / beam`` sources (beam rows sentence-major).
+    Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``), equal to
+    ``cross_rfa_apply(q, cross_rfa_state(k, v, key_padding_mask))``."""
+    scores = feature_products(q, k, key_padding_mask)
+    o = scores @ F.pad(v.to(scores.dtype), (0, 1), value=1.0)  # numerator | denominator
+    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)
+    return ungroup(out, q.shape[0], q.shape[2])
 
 
 @exact_dtypes
