@@ -141,13 +141,21 @@ def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | 
     torch.manual_seed(seed)  # the RFA parameters' initialisation and random-matrix draws
     model = models.build_model(rfa_cfg, task, from_checkpoint=True)
 
-    src, dst = source.state_dict(), model.state_dict()
-    if not_carried := sorted(set(src) - set(dst)):
+    src, dst, places = source.state_dict(), model.state_dict(), {}
+    for name in src:  # causal RFA's in_proj stacks q, k, v (and the gate, which keeps its initialisation)
+        layer, proj, part = (name.rsplit(".", 2) + ["", ""])[:3]
+        fused = f"{layer}.in_proj.{part}"
+        if proj in ("q_proj", "k_proj", "v_proj") and fused in dst:
+            rows = src[name].size(0)
+            places[name] = dst[fused].narrow(0, "qkv".index(proj[0]) * rows, rows)
+        elif name in dst:
+            places[name] = dst[name]  # state_dict tensors share the model's storage
+    if not_carried := sorted(set(src) - set(places)):
         raise ConversionError(f"the RFA model has no place for these source weights: {', '.join(not_carried)}")
     for name, tensor in src.items():
-        if dst[name].shape != tensor.shape:
-            raise ConversionError(f"{name}: source shape {tuple(tensor.shape)}, RFA model {tuple(dst[name].shape)}")
-        dst[name].copy_(tensor)  # state_dict tensors share the model's storage
+        if places[name].shape != tensor.shape:
+            raise ConversionError(f"{name}: source shape {tuple(tensor.shape)}, RFA model {tuple(places[name].shape)}")
+        places[name].copy_(tensor)
     rfa_only = sorted(set(dst) - set(src))
 
     # as fairseq's trainer saves it: plain containers, the model arguments a Namespace or a dict

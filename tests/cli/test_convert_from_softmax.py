@@ -19,7 +19,7 @@ ENCODER = ["--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-
            "--encoder-attention-heads", "4"]
 TRAIN = ["--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "1500", "--no-progress-bar", "--cpu",
          "--num-workers", "0", "--seed", "3", "--max-update", "3"]
-RFA_ONLY = re.compile(r"(feature_map\.(sigma|random_matrix)|gate_proj\.(weight|bias)|rfa_version)$")
+RFA_ONLY = re.compile(r"(feature_map\.(sigma|random_matrix)|self_attn\.in_proj\.(weight|bias)|rfa_version)$")
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +44,11 @@ def convert(src, dst, *flags):
 def assert_shared_weights_copied(source_weights, converted):
     weights = converted["model"]
     for name, tensor in source_weights.items():
+        layer, proj, part = (["", ""] + name.rsplit(".", 2))[-3:]
+        if f"{layer}.in_proj.{part}" in weights and proj in ("q_proj", "k_proj", "v_proj"):  # causal RFA's rows
+            rows = tensor.size(0)
+            assert torch.equal(weights[f"{layer}.in_proj.{part}"][rows * "qkv".index(proj[0]):][:rows], tensor), name
+            continue
         assert torch.equal(weights[name], tensor), f"{name} not copied"
     extra = sorted(set(weights) - set(source_weights))
     assert extra and all(RFA_ONLY.search(n) for n in extra), extra
@@ -57,7 +62,7 @@ def test_converted_weights_equal_the_source(softmax, tmp_path, kind, arch):
     model_cfg = out["cfg"]["model"]
     get = (lambda n: getattr(model_cfg, n)) if isinstance(model_cfg, argparse.Namespace) else model_cfg.get
     assert get("_name") == arch and get("rfa_gate") is True and get("rfa_gate_bias") == 2.0
-    gate_bias = [v for n, v in out["model"].items() if n.endswith("gate_proj.bias")]
+    gate_bias = [v[-4:] for n, v in out["model"].items() if n.endswith("self_attn.in_proj.bias")]  # 4 heads
     assert len(gate_bias) == 2 and all(torch.all(b == 2.0) for b in gate_bias)
     assert all(v.size(1) == 16 for n, v in out["model"].items() if n.endswith("self_attn.feature_map.random_matrix"))
     assert out["cfg"]["task"] == source["cfg"]["task"], "dictionaries and task arguments are the source's"
