@@ -1,37 +1,16 @@
 #!/usr/bin/env python
-"""Decoding speed and memory through fairseq's generation: softmax against RFA, side by side.
-
-``synthetic``: random weights, the output length forced, the same sizes for all. ``--task
-translation``: ``transformer_wmt_en_de`` (6+6 x 512) against ``rfa_transformer_wmt_en_de`` (``rfa*``:
-RFA cross attention, the paper's; ``*_softcross``: fairseq's, the default; ``rfa_enc_*``: a linear
-encoder too), beam search over ``--batch`` sources; ``--task lm``: ``transformer_lm`` against
-``rfa_transformer_lm`` after a prompt. ``*_graphs``: the steps replayed as CUDA graphs (``--cuda-graphs``;
-eager on the CPU); ``rfa_gate_compiled``: the step (``forward_step``) under torch.compile. Per model and length: tokens/s (``--statistic`` of
-``--repeats`` runs after a warm-up, the models taking turns run by run), the ``ratio`` to the first
-model, the first run's peak memory (bench/harness.py) and the incremental state's bytes. Lengths
-predicted over ``--single-run-seconds`` run once, over ``--max-seconds`` are skipped. A model that fails
-gets the error in its rows (traceback printed); the others go on, and the command exits with status 1.
-``checkpoint``: trained checkpoints on a binarised split, decoded as fairseq-generate does (its flags
-after ``--``), each run in a fresh process: generated tokens over the seconds decoding, the ratio to the
-first model, the peak memory (CUDA: max_memory_allocated; CPU: the process's peak resident set) and what
-decoding adds to the memory held before each batch (``decode_bytes``: caches, states, outputs);
-translation also by output length (``--bucket-edges``), with BLEU and the share of outputs equal to the
-first model's; ``--task language_modeling``: ``--prompts`` continued by exactly each of ``--lengths``
-tokens. ``--model NAME=ct2:PATH:TYPE``: CTranslate2 on the same inputs (PATH converted, or a softmax
-checkpoint converted first). ``--profile``: one more run under torch.profiler, with ranges (self_attn,
-encoder_attn, ffn, reorder, output, encoder, decoder_other): per range the operators' CPU milliseconds
-and calls per decoding step.
+"""Decoding speed and memory, softmax against RFA side by side (docs/benchmarks.md): ``synthetic``, random weights and
+forced lengths; ``checkpoint``, trained checkpoints decoded as fairseq-generate does (its flags after ``--``).
 
     python bench/decode.py synthetic --task translation --lengths 32 512 --out tr.json
-    python bench/decode.py checkpoint DATA_BIN --source-lang de --target-lang en \\
-        --model softmax=a.pt --model rfa_gate=b.pt --repeats 3 --out real.json -- --beam 4 --batch-size 64
+    python bench/decode.py checkpoint DATA_BIN --source-lang de --target-lang en --model softmax=a.pt --model rfa_gate=b.pt \\
+        --model rfa_gate_int8=int8:b.pt --model ct2_int8=ct2:a.pt:int8 --repeats 3 --out real.json -- --beam 4 --batch-size 64
 """
 import argparse
 import gc
 import importlib.util
 import multiprocessing
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -40,6 +19,8 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from rfa_fairseq.inference import to_decoding_form_
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
@@ -47,34 +28,26 @@ BASE = ["--decoder-embed-dim", "512", "--decoder-ffn-embed-dim", "2048", "--deco
         "--decoder-attention-heads", "8"]
 TINY = [f"--{side}-{k}" if i % 2 == 0 else k for side in ("encoder", "decoder")
         for i, k in enumerate(["embed-dim", "32", "ffn-embed-dim", "64", "layers", "2", "attention-heads", "4"])]
-RFA_MT = ["--arch", "rfa_transformer_wmt_en_de", "--cross-attention", "rfa"]
+MT, LM = ["--arch", "rfa_transformer_wmt_en_de"], ["--arch", "rfa_transformer_lm"]
+RFA_MT = MT + ["--cross-attention", "rfa"]  # the paper's: RFA cross attention (*_softcross: fairseq's, the default)
 MODELS = {
     "translation": {"softmax": ["--arch", "transformer_wmt_en_de"], "rfa": RFA_MT, "rfa_gate": RFA_MT + ["--rfa-gate"],
-                    "rfa_softcross": ["--arch", "rfa_transformer_wmt_en_de"],
-                    "rfa_gate_softcross": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate"],
-                    # fairseq's softmax decoder behind the plugin's encoder, which skips the beam reorders that
-                    # change nothing (rfa_encoder.BeamGroupedReorder): softmax's share of that saving
-                    "softmax_plugin": ["--arch", "rfa_transformer_wmt_en_de", "--decoder-attention", "softmax"],
+                    "rfa_softcross": MT, "rfa_gate_softcross": MT + ["--rfa-gate"],
+                    "softmax_plugin": MT + ["--decoder-attention", "softmax"],  # fairseq's softmax, the plugin's beam search
                     **{f"rfa_enc_{kind}": RFA_MT + ["--encoder-attention", kind] for kind in ("rfa", "favor", "lara")},
-                    # RFA-Gate with a local exact window of W keys (--rfa-local-window)
-                    **{f"gate_window{w}": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate", "--rfa-local-window", str(w)]
-                       for w in (16, 32, 64, 128)},
-                    # the decoding step replayed as CUDA graphs (eager on the CPU)
+                    **{f"gate_window{w}": MT + ["--rfa-gate", "--rfa-local-window", str(w)] for w in (16, 32, 64, 128)},
                     "rfa_gate_graphs": RFA_MT + ["--rfa-gate", "--cuda-graphs"],
-                    "rfa_gate_softcross_graphs": ["--arch", "rfa_transformer_wmt_en_de", "--rfa-gate", "--cuda-graphs"]},
-    "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": ["--arch", "rfa_transformer_lm"] + BASE,
-           "rfa_gate": ["--arch", "rfa_transformer_lm", "--rfa-gate"] + BASE,
-           "rfa_gate_graphs": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--cuda-graphs"] + BASE,
-           # the decoding step (RFATransformerDecoder.forward_step) under torch.compile
-           "rfa_gate_compiled": ["--arch", "rfa_transformer_lm", "--rfa-gate"] + BASE},
+                    "rfa_gate_softcross_graphs": MT + ["--rfa-gate", "--cuda-graphs"]},
+    "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": LM + BASE, "rfa_gate": LM + ["--rfa-gate"] + BASE,
+           "rfa_gate_graphs": LM + ["--rfa-gate", "--cuda-graphs"] + BASE, "rfa_gate_compiled": LM + ["--rfa-gate"] + BASE},
 }
 DEFAULTS = {"translation": dict(lengths=[32, 128, 512, 2048, 4096], batch=2, beam=4),
             "lm": dict(lengths=[128, 512, 2048, 8192], batch=1, beam=1)}
-RANGE = "rfa_bench."
+PROMPT, RANGE = 16, "rfa_bench."  # the LM prompt's tokens; the profiler ranges' prefix
+CT2_TYPES = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float32", "float16", "bfloat16")
 
 
-def mark(model):
-    """Profiler ranges around the parts of a decoding step; returns a one-item list counting the steps."""
+def mark(model):  # profiler ranges around the parts of a decoding step; returns a one-item list counting the steps
     steps = [0]
 
     def wrap(owner, attr, name, count=False):
@@ -91,16 +64,15 @@ def mark(model):
             if getattr(layer, attr, None) is not None:
                 wrap(getattr(layer, attr), "forward", name)
     for owner, attr, name in ((model.decoder, "output_layer", "output"), (model, "get_normalized_probs", "output"),
-                              (model.decoder, "reorder_incremental_state_scripting", "reorder")):
-        wrap(owner, attr, name)
+                              (model.decoder, "reorder_incremental_state_scripting", "reorder"),
+                              (getattr(model, "encoder", None), "forward_torchscript", "encoder")):
+        if owner is not None:
+            wrap(owner, attr, name)
     wrap(model.decoder, "forward", "decoder_other", count=True)
-    if getattr(model, "encoder", None) is not None:
-        wrap(model.encoder, "forward_torchscript", "encoder")
     return steps
 
 
-def profiled(fn, steps, top=8):
-    """Run ``fn`` under the profiler; every operator is counted in the innermost range around it."""
+def profiled(fn, steps, top=8):  # run ``fn`` under the profiler; every operator is counted in the innermost range around it
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         steps[0] = 0
         fn()
@@ -118,29 +90,20 @@ def profiled(fn, steps, top=8):
             "top_ops": {w: sorted([[op, *c] for op, c in ops.items()], key=lambda x: -x[1])[:top] for w, ops in cells.items()}}
 
 
-class Contender:
-    """One synthetic model (random weights, seed 0), its fixed input, and the incremental state of its last run."""
+class Contender:  # one synthetic model (random weights, seed 0), its fixed input, and the incremental state of its last run
 
     def __init__(self, args, name, data_dir):
-        from fairseq import options, tasks
-
         self.name, self.args, self.state, self.last = name, args, None, None
-        flags, n = list(MODELS[args.task][name]), max(args.lengths) + args.prefix_len + 16
+        flags, n, mt = list(MODELS[args.task][name]), max(args.lengths) + PROMPT + 16, args.task == "translation"
         if args.tiny:
-            flags = [f for f in flags if f not in BASE] + TINY[8 * (args.task == "lm"):]
-        if args.task == "translation":
-            flags += ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--share-all-embeddings",
-                      "--max-target-positions", str(n), "--max-source-positions", str(args.src_len + 8)]
-        else:
-            flags += ["--task", "language_modeling", "--share-decoder-input-output-embed", "--tokens-per-sample", str(n)]
-        parsed = options.parse_args_and_arch(options.get_training_parser(),
-                                             [data_dir, "--user-dir", harness.user_dir(), "--dropout", "0"] + flags)
-        torch.manual_seed(0)
-        self.task = tasks.setup_task(parsed)
-        self.model = self.task.build_model(parsed).eval().to(args.device)
-        if getattr(self.model, "cuda_graphs", False):  # as prepare_for_inference_ does, without its other changes
-            from rfa_fairseq.models.step_graphs import StepGraphs
-            self.model.decoder.step_graphs = StepGraphs(self.model.decoder)
+            flags = [f for f in flags if f not in BASE] + TINY[8 * (not mt):]
+        flags += ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--share-all-embeddings",
+                  "--max-target-positions", str(n), "--max-source-positions", str(args.src_len + 8)] if mt else [
+            "--task", "language_modeling", "--share-decoder-input-output-embed", "--tokens-per-sample", str(n)]
+        self.model, self.task, _ = harness.build_model([data_dir, "--dropout", "0"] + flags)
+        self.model = self.model.eval().to(args.device)
+        if getattr(self.model, "cuda_graphs", False):
+            to_decoding_form_(self.model, int8=False, cuda_graphs=True)
         if name.endswith("_compiled"):
             self.model.decoder.forward_step = torch.compile(self.model.decoder.forward_step, dynamic=False)
         forward = self.model.decoder.forward
@@ -151,16 +114,14 @@ class Contender:
         self.model.decoder.forward = spy
         self.steps = mark(self.model) if args.profile else None
         d = self.task.source_dictionary
-        src = torch.randint(d.nspecial, len(d), (args.batch, args.src_len if args.task == "translation" else args.prefix_len),
+        src = torch.randint(d.nspecial, len(d), (args.batch, args.src_len if mt else PROMPT),
                             generator=torch.Generator().manual_seed(0))
-        if args.task == "translation":
+        if mt:
             src[:, -1] = d.eos()
         self.src = src.to(args.device)
 
-    def generator(self, length):
-        """Generation of exactly ``length`` tokens (LM: after the prompt, forced as a prefix)."""
+    def generator(self, length):  # generation of exactly ``length`` tokens (LM: after the prompt, forced as a prefix)
         from fairseq.sequence_generator import SequenceGenerator
-
         lm, n = self.args.task == "lm", self.src.size(1)
         total = length + n * lm
         gen = SequenceGenerator([self.model], self.task.target_dictionary, beam_size=self.args.beam,
@@ -170,17 +131,15 @@ class Contender:
         return lambda: gen.generate([self.model], sample, prefix_tokens=self.src if lm else None)
 
 
-def attempt(run):
-    """``run()``; None, or why it failed (``harness.failure``): a model that fails leaves the others' rows."""
+def attempt(run):  # None, or why ``run()`` failed
     try:
         run()
     except Exception as e:
         return harness.failure(e)
 
 
-def synthetic(args):
-    """Lengths in turn; at each, the models take turns run by run, so a slow spell hits them all."""
-    data_dir = harness.fake_dictionary(tempfile.mkdtemp(prefix="rfa_bench_"), args.vocab)
+def synthetic(args):  # lengths in turn; at each, the models take turns run by run, so a slow spell hits them all
+    data_dir = harness.fake_dictionary(60 if args.tiny else 32000)
     contenders, rows = [Contender(args, name, data_dir) for name in args.models], []
     with torch.inference_mode():
         for c in contenders:
@@ -200,17 +159,18 @@ def synthetic(args):
                                  else args.repeats))
             for rep in range(args.repeats):
                 for c, row, fn, repeats in plan:
-                    if c.failed:
+                    run = lambda: row["times"].extend(harness.timed(fn, args.device, clock=args.clock))  # noqa: E731
+                    if c.failed or rep >= repeats:
                         continue
                     if rep == 0:  # memory: the first run, without the previous run's state alive
                         c.state = None
                         gc.collect()
                         with harness.PeakMemory(args.device) as mem:
-                            c.failed = attempt(lambda: row["times"].extend(harness.timed(fn, args.device, clock=args.clock)))
+                            c.failed = attempt(run)
                         row.update(peak_bytes=mem.peak_bytes, state_bytes=None if c.failed else sum(
                             t.numel() * t.element_size() for b in c.state.values() for t in b.values() if torch.is_tensor(t)))
-                    elif rep < repeats:
-                        c.failed = attempt(lambda: row["times"].extend(harness.timed(fn, args.device, clock=args.clock)))
+                    else:
+                        c.failed = attempt(run)
             for c, row, fn, _ in plan:
                 if c.failed:
                     row["error"] = c.failed
@@ -224,17 +184,12 @@ def synthetic(args):
     return harness.add_ratios(rows, args.models[0])
 
 
-CT2_TYPES = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float32", "float16", "bfloat16")
-
-
 def convert_for_ctranslate2(checkpoint, data, out_dir, source_lang=None, target_lang=None, quantization=None,
                             max_positions=None, user_dir=None):
-    """A softmax checkpoint (``transformer*``, ``transformer_lm*`` without adaptive softmax) as a CTranslate2 model, by
-    its FairseqConverter; ``quantization`` None: float32 weights; ``max_positions``: for long LM outputs."""
+    """A softmax checkpoint (``transformer*``, ``transformer_lm*`` without adaptive softmax) as a CTranslate2 model."""
     from ctranslate2.converters import FairseqConverter
     from fairseq import checkpoint_utils
     from omegaconf import OmegaConf
-
     state, tmp = checkpoint_utils.load_checkpoint_to_cpu(checkpoint), out_dir.rstrip("/") + ".fairseq.pt"
     args, cfg = state["args"], state.get("cfg")  # the converter wants one namespace, the task's fields with the model's
     args = args or (cfg.model if isinstance(cfg.model, argparse.Namespace) else argparse.Namespace(**{
@@ -251,27 +206,10 @@ def convert_for_ctranslate2(checkpoint, data, out_dir, source_lang=None, target_
         os.remove(tmp)
 
 
-def measured(fn, cuda, ct2, clock):
-    """Seconds of ``fn``; the process's peak memory in it (CUDA: torch's, blind to CTranslate2; CPU: resident set)
-    and that peak above the memory held when ``fn`` started: what decoding itself adds (outputs, caches, states)."""
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        start = torch.cuda.memory_allocated()
-    else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # the peak resident set starts again from the current one
-        start = harness._status_bytes("VmRSS")
-    seconds = harness.timed(fn, "cuda" if cuda else "cpu", clock=clock)[0]
-    peak = (None if ct2 else torch.cuda.max_memory_allocated()) if cuda else harness._status_bytes("VmHWM")
-    return seconds, peak, None if peak is None else max(peak - start, 0)
-
-
 def decode_checkpoint(model, argv, args, do_profile):
-    """Decode with one model (fairseq, or CTranslate2 with ``compute_type``) in a fresh process: translation as
-    fairseq-generate does, batch by batch; language_modeling, ``--lengths`` new tokens after each prompt."""
+    """One model's run (in a fresh process): translation as fairseq-generate does; LMs, ``--lengths`` tokens a prompt."""
     from fairseq import checkpoint_utils, options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
     (path, ct2, int8), lm = model, args.task == "language_modeling"
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv + ["--path", path]))
     utils.import_user_module(cfg.common)
@@ -303,8 +241,7 @@ def decode_checkpoint(model, argv, args, do_profile):
         net = models[0].cuda() if cuda else models[0]
         net.prepare_for_inference_(cfg)
         if int8:
-            from rfa_fairseq.modules.int8_linear import quantize_linears_
-            quantize_linears_(net)
+            to_decoding_form_(net, int8=True, cuda_graphs=False)
         limit = utils.resolve_max_positions(task.max_positions(), net.max_positions())
         generator, generators = task.build_generator([net], g), {}
         for n in args.lengths if lm else ():
@@ -326,16 +263,17 @@ def decode_checkpoint(model, argv, args, do_profile):
             seed=cfg.common.seed, max_positions=limit, ignore_invalid_inputs=cfg.dataset.skip_invalid_size_inputs_valid_test,
             required_batch_size_multiple=cfg.dataset.required_batch_size_multiple).next_epoch_itr(shuffle=False))
     batches = [utils.move_to_cuda(b) if cuda else b for b in batches[:args.max_batches]]
-    parts = []  # (length or None, seconds, peak, outputs by id, growth)
+    parts, device = [], "cuda" if cuda else "cpu"  # (length or None, seconds, peak, outputs by id, growth)
     with torch.no_grad():
         if not lm:  # a warm-up batch, untimed: one-time costs would otherwise land in the first batch's bucket
             translate(batches[0])
         for n in sorted(args.lengths) if lm else [None]:
             for i, b in enumerate(batches):
-                out = []
-                seconds, peak, growth = measured(lambda: out.extend(generate(b, n) if lm else translate(b)), cuda, ct2, args.clock)
+                out, start = [], harness.reset_peak(device)  # the peak (CUDA: torch's, blind to CTranslate2) above the start
+                seconds = harness.timed(lambda: out.extend(generate(b, n) if lm else translate(b)), device, clock=args.clock)[0]
+                peak = (None if ct2 else torch.cuda.max_memory_allocated()) if cuda else harness.status_bytes("VmHWM")
                 ids = range(i * cfg.dataset.batch_size, i * cfg.dataset.batch_size + len(b)) if lm else b["id"].tolist()
-                parts.append((n, seconds, peak, dict(zip(ids, out)), growth))
+                parts.append((n, seconds, peak, dict(zip(ids, out)), None if peak is None else max(peak - start, 0)))
     rows = []
     for n in sorted(args.lengths) if lm else [None]:
         row = summary([p for p in parts if p[0] == n], not lm)
@@ -357,22 +295,18 @@ def decode_checkpoint(model, argv, args, do_profile):
 
 
 def summary(parts, eos):
-    """Sentences (prompts), generated tokens (translation: with </s>, as fairseq-generate counts), seconds, peak
-    memory, and decode_bytes: the most a batch's decoding added to the memory held before it."""
     out = dict(sorted((k, v) for p in parts for k, v in p[3].items()))
     peaks, growth = [p[2] for p in parts if p[2] is not None], [p[4] for p in parts if p[4] is not None]
-    return dict(sentences=len(out), tokens=sum(len(o) + eos for o in out.values()), seconds=sum(p[1] for p in parts),
-                peak_bytes=max(peaks) if peaks else None, decode_bytes=max(growth) if growth else None,
-                _ids=list(out), _out=list(out.values()))
+    return dict(sentences=len(out), tokens=sum(len(o) + eos for o in out.values()), seconds=sum(p[1] for p in parts), _ids=list(out),
+                peak_bytes=max(peaks) if peaks else None, decode_bytes=max(growth) if growth else None, _out=list(out.values()))
 
 
 def checkpoint(args):
     """Each model decodes in a fresh process per repeat, the models taking turns (order reversed every other repeat)."""
-    argv = [args.data, "--user-dir", args.user_dir, "--task", args.task, "--gen-subset", "test"] + (
-        [] if args.task == "language_modeling" else ["--source-lang", args.source_lang, "--target-lang", args.target_lang])
-    argv += args.generate_flags
-    runs, spawn, tmp, converted = {m[0]: [] for m in args.model}, multiprocessing.get_context("spawn"), tempfile.mkdtemp(), {}
-    try:
+    mt = [] if args.task == "language_modeling" else ["--source-lang", args.source_lang, "--target-lang", args.target_lang]
+    argv = [args.data, "--user-dir", args.user_dir, "--task", args.task, "--gen-subset", "test"] + mt + args.generate_flags
+    runs, spawn, converted = {m[0]: [] for m in args.model}, multiprocessing.get_context("spawn"), {}
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         for path in {path for _, path, ct2, _ in args.model if ct2 and os.path.isfile(path)}:  # checkpoints for CTranslate2
             converted[path] = convert_for_ctranslate2(path, args.data, os.path.join(tmp, str(len(converted))), args.source_lang,
                                                       args.target_lang, max_positions=args.positions, user_dir=args.user_dir)
@@ -385,8 +319,6 @@ def checkpoint(args):
                 for r in got:
                     print(f"{name} {r.get('length', '')}: {r['sentences']} sentences, {r['tokens']} tokens in {r['seconds']:.1f} s, "
                           f"peak {harness.mib(r['peak_bytes'])} MiB", file=sys.stderr)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     rows, pick = [], statistics.median_low if args.statistic == "median" else min
     for name, path, ct2, int8 in args.model:
         for j, same in enumerate(zip(*runs[name])):
@@ -403,9 +335,8 @@ def checkpoint(args):
             rows.append({k: v for k, v in row.items() if not k.startswith("_")})
     buckets = [b for r in rows for b in r.get("buckets", ())]
     for items, group in ((rows, ("length",)), (buckets, ("bucket",))):
-        harness.add_ratios(items, rows[0]["model"], group=group)
-        harness.add_ratios(items, rows[0]["model"], key="peak_bytes", field="memory_ratio", group=group)
-        harness.add_ratios(items, rows[0]["model"], key="decode_bytes", field="decode_memory_ratio", group=group)
+        for key, field in (("tokens_per_s", "ratio"), ("peak_bytes", "memory_ratio"), ("decode_bytes", "decode_memory_ratio")):
+            harness.add_ratios(items, rows[0]["model"], key=key, field=field, group=group)
     return rows
 
 
@@ -414,10 +345,9 @@ def model_spec(text):
     int8 = where.startswith("int8:")
     path, ct2 = where[4:].rpartition(":")[::2] if where.startswith("ct2:") else (where[5 * int8:], None)
     if not name or ct2 not in (None,) + CT2_TYPES or not (os.path.isfile(path) or ct2 and os.path.isfile(f"{path}/model.bin")):
-        raise argparse.ArgumentTypeError(
-            f"wants NAME=CHECKPOINT (an existing fairseq checkpoint), NAME=int8:CHECKPOINT (its linear layers in int8, "
-            f"rfa_fairseq.modules.int8_linear) or NAME=ct2:PATH:COMPUTE_TYPE (PATH: a CTranslate2 model folder or a softmax "
-            f"checkpoint to convert; COMPUTE_TYPE: {', '.join(CT2_TYPES)}), got {text!r}")
+        raise argparse.ArgumentTypeError(f"wants NAME=CHECKPOINT (an existing fairseq checkpoint), NAME=int8:CHECKPOINT or "
+                                         f"NAME=ct2:PATH:COMPUTE_TYPE (PATH: a CTranslate2 model folder or a softmax checkpoint; "
+                                         f"COMPUTE_TYPE: {', '.join(CT2_TYPES)}), got {text!r}")
     return name, path, ct2, int8
 
 
@@ -429,30 +359,26 @@ def parse_args(argv=None):
     s = modes.add_parser("synthetic", help="random weights, forced output lengths")
     s.add_argument("--task", choices=sorted(MODELS), default="translation")
     s.add_argument("--models", nargs="+", help="the first is the reference of the ratios (default: softmax rfa rfa_gate)")
-    s.add_argument("--lengths", type=harness.positive, nargs="+", help=f"output tokens (default {DEFAULTS})")
-    s.add_argument("--batch", type=harness.positive, help="sources or prompts (default 2 translation, 1 lm)")
-    s.add_argument("--beam", type=harness.positive, help="default 4 (translation), 1 (lm: greedy)")
+    for flag, text in (("lengths", "output tokens"), ("batch", "sources or prompts"), ("beam", "1: greedy")):
+        s.add_argument("--" + flag, type=harness.positive, nargs="+" if flag == "lengths" else None,
+                       help=f"{text} (default: " + ", ".join(f"{task} {d[flag]}" for task, d in DEFAULTS.items()) + ")")
     s.add_argument("--src-len", type=harness.positive, default=24, help="source tokens (translation)")
-    s.add_argument("--prefix-len", type=harness.positive, default=16, help="prompt tokens (lm)")
-    s.add_argument("--vocab", type=harness.positive, default=32000)
     s.add_argument("--single-run-seconds", type=float, default=120.0, help="one run where the repeats would take longer")
     s.add_argument("--max-seconds", type=float, default=900.0, help="skip a length whose run is predicted longer")
-    s.add_argument("--tiny", action="store_true", help="2 layers of 32 dimensions (for tests)")
+    s.add_argument("--tiny", action="store_true", help="2 layers of 32 dimensions, 60 words (for tests)")
     c = modes.add_parser("checkpoint", help="trained checkpoints on a binarised split; fairseq-generate flags after --")
     c.add_argument("data", help="fairseq data-bin folder")
-    c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=CHECKPOINT|NAME=ct2:PATH:TYPE",
-                   help="repeatable; the first is the reference of the ratios. ct2: CTranslate2 with compute type TYPE "
-                        "(int8, float32, ...) on a converted model folder or a softmax checkpoint, converted first")
+    c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=[int8:]CHECKPOINT|NAME=ct2:PATH:TYPE",
+                   help="repeatable; the first is the reference of the ratios")
     c.add_argument("--task", choices=["translation", "language_modeling"], default="translation")
-    for side in ("--source-lang", "--target-lang"):
-        c.add_argument(side, help="translation")
-    c.add_argument("--bucket-edges", type=harness.positive, nargs="+", default=[128, 256, 512],
-                   help="translation: output-length buckets, tokens per sentence with </s> (default 128 256 512)")
-    c.add_argument("--lengths", type=harness.positive, nargs="+", default=[1024, 4096, 8192],
-                   help="language_modeling: new tokens after each prompt (default 1024 4096 8192)")
-    c.add_argument("--prompts", type=harness.positive, default=4, help="language_modeling: from the first blocks (default 4)")
-    c.add_argument("--prompt-tokens", type=harness.positive, default=64, help="language_modeling (default 64)")
-    c.add_argument("--user-dir", default=harness.user_dir())
+    c.add_argument("--source-lang"), c.add_argument("--target-lang")
+    for flag, default, text in (("--bucket-edges", [128, 256, 512], "translation: output-length buckets (tokens with </s>)"),
+                                ("--lengths", [1024, 4096, 8192], "language_modeling: new tokens after each prompt"),
+                                ("--prompts", 4, "language_modeling: from the first blocks"),
+                                ("--prompt-tokens", 64, "language_modeling: tokens a prompt")):
+        c.add_argument(flag, type=harness.positive, nargs="+" if isinstance(default, list) else None, default=default,
+                       help=f"{text} (default {default})")
+    c.add_argument("--user-dir", default=harness.USER_DIR)
     c.add_argument("--max-batches", type=harness.positive, help="decode only the first N batches")
     for sub in (s, c):
         harness.common_flags(sub, repeats=3 if sub is s else 1)
@@ -464,12 +390,11 @@ def parse_args(argv=None):
             c.error(f"no data folder {args.data}")
         if args.task == "translation" and not (args.source_lang and args.target_lang):
             c.error("--task translation needs --source-lang and --target-lang")
-        # language models: positions for the prompt, the longest output and </s> twice
-        args.positions = args.prompt_tokens + max(args.lengths) + 2 if args.task == "language_modeling" else None
         if args.bucket_edges != sorted(set(args.bucket_edges)):
             c.error(f"--bucket-edges must increase, got {args.bucket_edges}")
         if any(ct2 for _, _, ct2, _ in args.model) and importlib.util.find_spec("ctranslate2") is None:
             c.error("ct2 models need the optional dependency ctranslate2: pip install -e '.[bench]'")
+        args.positions = args.prompt_tokens + max(args.lengths) + 2 if args.task == "language_modeling" else None  # </s> twice
         args.generate_flags = rest + (["--cpu"] if args.device == "cpu" and torch.cuda.is_available() else [])
         return args
     if rest:
@@ -484,14 +409,11 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     rows = synthetic(args) if args.mode == "synthetic" else checkpoint(args)
-    meta = dict(harness.machine(args.device, ["decode.py"] + (sys.argv[1:] if argv is None else argv)),
-                bench=f"decode-{args.mode}", reference=rows[0]["model"], args={k: v for k, v in vars(args).items() if k != "model"})
+    meta = dict(reference=rows[0]["model"], args={k: v for k, v in vars(args).items() if k != "model"})
     if args.mode == "checkpoint":
-        meta.update(models={n: f"ct2:{p}:{t}" if t else f"int8:{p}" if q else p for n, p, t, q in args.model}, generate_flags=args.generate_flags,
-                    memory=rows[0]["memory"])
-    if args.out:
-        harness.write_json(args.out, meta, rows)
-    return rows
+        meta.update(models={n: f"ct2:{p}:{t}" if t else f"int8:{p}" if q else p for n, p, t, q in args.model},
+                    generate_flags=args.generate_flags, memory=rows[0]["memory"])
+    return harness.save(args, argv, f"decode-{args.mode}", rows, **meta)
 
 
 if __name__ == "__main__":

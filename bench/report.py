@@ -1,11 +1,7 @@
 #!/usr/bin/env python
-"""Markdown tables, and the figure, from the JSON files that bench/decode.py and bench/train.py write.
+"""Markdown tables and a figure (decode-synthetic and train-lm files) from bench/decode.py's and bench/train.py's JSON.
 
     python bench/report.py bench/results/*.json --out bench/results/report.md --figure bench/results/benchmarks.png
-
-One table per file, chosen by its ``meta.bench``, and a profile table where rows carry a
-``profile``. The figure plots tokens/s and peak memory against length, one column for each
-decode-synthetic and train-lm file given.
 """
 import argparse
 import json
@@ -26,7 +22,7 @@ def table(header, lines):
 
 
 def by_length(rows, columns, key=lambda r: r["length"], heading=("length",), shown=lambda k: k):
-    """One line per ``key`` value (``shown`` as); for each (heading, text of a row) in ``columns``, one column per model."""
+    """A line per ``key`` value (``shown`` as); per (heading, text of a row) in ``columns``, a column per model."""
     models, cell = list(dict.fromkeys(r["model"] for r in rows)), {(key(r), r["model"]): r for r in rows}
     lines = []
     for k in sorted(dict.fromkeys(key(r) for r in rows)):
@@ -37,13 +33,8 @@ def by_length(rows, columns, key=lambda r: r["length"], heading=("length",), sho
     return table(list(heading) + [f"{m} {h}".strip() for h, _ in columns for m in models], lines)
 
 
-def speed(r):
-    return f"{r['tokens_per_s']:.1f}" + (f" ({r['ratio']:.2f}x)" if r.get("ratio", 1.0) != 1.0 else "")
-
-
-def step(r):
-    both = [f"{r[k]:.2f}x {w}" for k, w in (("ratio", "softmax"), ("ratio_sdpa", "SDPA")) if r.get(k, 1.0) != 1.0]
-    return f"{r['seconds']:.3g}" + (f" ({', '.join(both)})" if both else "")
+speed = lambda r: f"{r['tokens_per_s']:.1f}" + (f" ({r['ratio']:.2f}x)" if r.get("ratio", 1.0) != 1.0 else "")  # noqa: E731
+peak = ("peak MiB", lambda r: mib(r.get("peak_bytes")))
 
 
 def checkpoint_table(data):
@@ -51,8 +42,7 @@ def checkpoint_table(data):
     about = (f"Decoding {rows[0]['sentences']:,} {'prompts' if 'length' in rows[0] else 'sentences'}, fairseq-generate "
              f"{' '.join(meta['generate_flags'])}; {meta['args']['statistic']} of {rows[0]['runs']} run(s); memory: "
              f"{meta['memory']}.\n\n")
-    columns = [("tokens/s", speed), ("peak MiB", lambda r: mib(r.get("peak_bytes"))),
-               ("memory vs " + ref, lambda r: f"{r.get('memory_ratio', 0):.2f}x")]
+    columns = [("tokens/s", speed), peak, ("memory vs " + ref, lambda r: f"{r.get('memory_ratio', 0):.2f}x")]
     if any(r.get("decode_bytes") is not None for r in rows):  # what decoding adds above the loaded model
         columns += [("decoding MiB", lambda r: mib(r.get("decode_bytes"))),
                     ("decoding vs " + ref, lambda r: f"{r.get('decode_memory_ratio', 0):.2f}x")]
@@ -72,10 +62,10 @@ def checkpoint_table(data):
 def profile_table(rows):
     rows = [r for r in rows if "profile" in r]
     ranges = [w for w in RANGES if any(w in r["profile"]["ms_per_step_by_range"] for r in rows)]
-    return ("Milliseconds per decoding step by range (torch.profiler: operators' CPU time, each in the innermost "
-            "range around it)\n\n" + table(["model", "length", "whole step"] + ranges, [
-                [r["model"], r.get("length", "-"), f"{r['profile']['ms_per_step']:.2f}"]
-                + [f"{r['profile']['ms_per_step_by_range'].get(w, 0.0):.2f}" for w in ranges] for r in rows]))
+    head = "Milliseconds per decoding step by range (torch.profiler: operators' CPU time, each in the innermost range around it)"
+    return head + "\n\n" + table(["model", "length", "whole step"] + ranges, [
+        [r["model"], r.get("length", "-"), f"{r['profile']['ms_per_step']:.2f}"] + [
+            f"{r['profile']['ms_per_step_by_range'].get(w, 0.0):.2f}" for w in ranges] for r in rows])
 
 
 def render(data):
@@ -83,8 +73,7 @@ def render(data):
     if kind == "decode-checkpoint":
         body = checkpoint_table(data) if "sentences" in rows[0] else "(profile only)"
     elif kind == "decode-synthetic":
-        body = by_length(rows, [("tokens/s", speed), ("peak MiB", lambda r: mib(r.get("peak_bytes"))),
-                                ("state MiB", lambda r: mib(r.get("state_bytes")))])
+        body = by_length(rows, [("tokens/s", speed), peak, ("state MiB", lambda r: mib(r.get("state_bytes")))])
     elif kind == "train-translation":
         body = table(["model", "s/step", "speed vs softmax", "peak MiB"], [
             [r["model"], f"{r['seconds']:.3f}", f"{r.get('ratio', 1):.2f}x", mib(r.get("peak_bytes"))] for r in rows])
@@ -92,10 +81,11 @@ def render(data):
         body = "Milliseconds per call\n\n" + by_length(rows, [("", lambda r: f"{1e3 * r['seconds']:.1f}")],
                                                          lambda r: (r["pass"], r["gated"], r["length"]), ("pass", "gated", "length"))
     else:
-        memory = [("peak MiB", lambda r: mib(r.get("peak_bytes")))] + [
-            ("allocated MiB", lambda r: mib(r.get("allocated_bytes"))), ("resident MiB", lambda r: mib(r.get("resident_bytes")))
-        ] * any("allocated_bytes" in r for r in rows)
-        body = by_length(rows, [("s/step", step)] + memory) + (
+        both = lambda r: ", ".join(f"{r[k]:.2f}x {w}" for k, w in (("ratio", "softmax"), ("ratio_sdpa", "SDPA"))  # noqa: E731
+                                   if r.get(k, 1.0) != 1.0)
+        step = lambda r: f"{r['seconds']:.3g}" + (f" ({both(r)})" if both(r) else "")  # noqa: E731
+        memory = [(f"{k} MiB", lambda r, k=k: mib(r.get(f"{k}_bytes"))) for k in ("allocated", "resident")]
+        body = by_length(rows, [("s/step", step), peak] + memory * any("allocated_bytes" in r for r in rows)) + (
             "\n\nIn brackets: speed relative to softmax and to SDPA in the same run (> 1 is faster).")
     about = f"{meta['device']}, torch {meta['torch']}, {meta['torch_threads']} threads, {meta['date'][:10]}: `{meta['command']}`"
     profile = "\n" + profile_table(rows) + "\n" if any("profile" in r for r in rows) else ""
@@ -104,10 +94,8 @@ def render(data):
 
 def figure(files, path):
     import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     fig, axes = plt.subplots(2, len(files), figsize=(5 * len(files), 8), squeeze=False)
     for col, data in enumerate(files):
         for row, (key, label) in enumerate((("tokens_per_s", "tokens/s"), ("peak_bytes", "peak memory (MiB)"))):

@@ -1,32 +1,9 @@
 #!/usr/bin/env python
-"""Training cost (forward + backward) and peak memory: softmax against RFA, side by side.
+"""Training cost (forward + backward) and peak memory, softmax against RFA side by side (docs/benchmarks.md). ``lm
+--fla-unguard``: where fla-core refuses RFA-Gate's backward (Hopper, Triton 3.4 to 3.7.0), lift its guard for this run
+if fla's gradients are within FLA_GRADIENT_RATIO of the torch path's, else drop rfa_gate_fla.
 
-``lm``: the LM decoder stack (6 x 512), ``decoder.extract_features`` then ``(features * R).sum()``
-backward with a fixed random R (no vocabulary projection: the same for all), ``--tokens-per-batch``
-tokens per step at every length; ``softmax`` (fairseq's MultiheadAttention), ``sdpa`` (its
-projections through torch's ``scaled_dot_product_attention``), ``rfa``, ``rfa_gate`` and their
-``*_recompute`` forms (``--rfa-recompute``), and RFA-Gate with shorter recompute segments
-(``rfa_gate_seg*``: ``--rfa-recompute-segment``), RFA-Gate on named kernels (``rfa_gate_torch``,
-``rfa_gate_fla``: ``--rfa-backend``), in ``--dtype`` (the model cast, as fairseq's ``--bf16``). ``translation``: label-smoothed cross entropy on
-batches of a binarised corpus, the models taking turns step by step. ``encoder``: one encoder
-self-attention module on one source of T tokens. ``chunk``: ops.chunk_causal_rfa by chunk size,
-forward + backward (``train``) or forward with the final state (``infer``). Per row: the
-``--statistic`` of ``--repeats`` timed steps after a warm-up step and that step's peak memory
-(bench/harness.py); tokens/s, its ``ratio`` to softmax and ``ratio_sdpa`` to SDPA (same run, > 1
-is faster). Lengths predicted over ``--max-seconds``, or after running out of memory, are skipped. A variant
-that fails otherwise gets the error in its row (traceback printed) and skips its longer lengths; the other rows go
-on, and the command exits with status 1.
-
-fla-core 0.6.0 refuses RFA-Gate's backward on Hopper GPUs with Triton >= 3.4 and < 3.7.1 (its issue 640: wrong
-gate gradients from one kernel there). On such a stack ``lm --fla-unguard`` first compares fla's gradients with
-the torch path's, one attention op at each of the run's shapes in ``--dtype`` on this device, and lifts the
-guard for this run alone where every gradient is within ``FLA_GRADIENT_RATIO``; else the ``rfa_gate_fla`` rows
-are dropped. The JSON's meta keeps the errors (``fla_guard``). Users keep the guard.
-
-    python bench/train.py lm --lengths 256 1024 8192 --out train_lm.json
-    python bench/train.py translation DATA_BIN --out train_translation.json
-    python bench/train.py encoder --lengths 1024 4096 --out train_encoder.json
-    python bench/train.py chunk --chunk-sizes 32 64 128 --lengths 512 2048 --out train_chunk.json
+    python bench/train.py lm --lengths 256 1024 8192 --out train_lm.json     # also: translation DATA_BIN, encoder, chunk
 """
 import argparse
 import gc
@@ -34,28 +11,24 @@ import math
 import multiprocessing
 import os
 import sys
-import tempfile
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rfa_fairseq.config import RFAConfig
+from rfa_fairseq.modules import build_encoder_self_attention
+from rfa_fairseq.ops import chunk_causal_rfa, feature_size, fla_causal_rfa, fla_installed, fla_refuses_gated_backward
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 
-LM = {"softmax": ["--arch", "transformer_lm"], "sdpa": ["--arch", "transformer_lm"],
-      "rfa": ["--arch", "rfa_transformer_lm"], "rfa_gate": ["--arch", "rfa_transformer_lm", "--rfa-gate"],
-      "rfa_recompute": ["--arch", "rfa_transformer_lm", "--rfa-recompute"],
-      "rfa_gate_recompute": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute"],
-      "rfa_keep": ["--arch", "rfa_transformer_lm", "--rfa-recompute-segment", "0"],
-      "rfa_gate_keep": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute-segment", "0"],
-      # smaller recompute segments, smaller temporaries (a segment's features and chunk states)
-      **{f"rfa_gate_seg{n}": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-recompute-segment", str(n)]
-         for n in (128, 256)},
-      # the kernels by name (--rfa-backend; rfa_gate is auto: fla on a GPU where fla-core is installed)
-      **{f"rfa_gate_{b}": ["--arch", "rfa_transformer_lm", "--rfa-gate", "--rfa-backend", b] for b in ("torch", "fla")}}
-MT = {"softmax": ["--arch", "transformer_iwslt_de_en"],
-      "rfa": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa"],
+RFA, GATE = ["--arch", "rfa_transformer_lm"], ["--arch", "rfa_transformer_lm", "--rfa-gate"]
+LM = {"softmax": ["--arch", "transformer_lm"], "sdpa": ["--arch", "transformer_lm"], "rfa": RFA, "rfa_gate": GATE,
+      "rfa_recompute": RFA + ["--rfa-recompute"], "rfa_gate_recompute": GATE + ["--rfa-recompute"],
+      **{f"rfa_gate_seg{n}": GATE + ["--rfa-recompute-segment", str(n)] for n in (128, 256)},  # smaller temporaries
+      **{f"rfa_gate_{b}": GATE + ["--rfa-backend", b] for b in ("torch", "fla")}}  # the kernels by name (rfa_gate: auto)
+MT = {"softmax": ["--arch", "transformer_iwslt_de_en"], "rfa": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa"],
       "rfa_gate": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa", "--rfa-gate"],
       "rfa_gate_softcross": ["--arch", "rfa_transformer_iwslt_de_en", "--rfa-gate"]}
 FLA_GRADIENT_RATIO = 0.02  # --fla-unguard: largest RMS(fla - torch) / RMS(torch) of a gradient, 5x bf16's 2^-8
@@ -67,8 +40,8 @@ SETTINGS = {  # mode: (variants, default variants, sizes, sizes with --tiny)
            dict(lengths=[32, 64], tokens_per_batch=256, layers=2, embed_dim=64, heads=4, ffn_dim=128, vocab=100)),
     "translation": (list(MT), list(MT)[:3], dict(layers=2, embed_dim=256, heads=4, ffn_dim=512),
                     dict(layers=1, embed_dim=32, heads=4, ffn_dim=64)),
-    "encoder": (list(ENCODER), list(ENCODER), dict(lengths=[512, 1024, 2048, 4096, 8192, 16384], embed_dim=512,
-                                                   heads=8, feature_dim=64, landmarks=16),
+    "encoder": (list(ENCODER), list(ENCODER),
+                dict(lengths=[512, 1024, 2048, 4096, 8192, 16384], embed_dim=512, heads=8, feature_dim=64, landmarks=16),
                 dict(lengths=[64, 128], embed_dim=32, heads=4, feature_dim=8, landmarks=4)),
     "chunk": (None, None, dict(chunk_sizes=[16, 32, 64, 128, 256], lengths=[512, 2048, 8192], tokens_per_batch=8192,
                                heads=8, feature_dim=64, head_dim=64),
@@ -77,9 +50,7 @@ SETTINGS = {  # mode: (variants, default variants, sizes, sizes with --tiny)
 
 
 class SDPAAttention(nn.Module):
-    """A fairseq MultiheadAttention's q/k/v/out projections through ``F.scaled_dot_product_attention``
-    (Time x Batch x Channel), causal or not: the exact-softmax baseline of ``lm`` and ``encoder``.
-    Training only: no padding mask, no incremental state, no attention weights."""
+    """A MultiheadAttention's projections through ``F.scaled_dot_product_attention``: the baseline of lm and encoder."""
 
     def __init__(self, mha, causal):
         super().__init__()
@@ -90,10 +61,7 @@ class SDPAAttention(nn.Module):
         if key_padding_mask is not None or incremental_state is not None or attn_mask is not None:
             raise NotImplementedError("SDPAAttention: no padding, no incremental state, no mask")
         T, B, C = query.shape
-
-        def heads(x):  # [T, B, C] -> [B, H, T, K]
-            return x.view(T, B, self.heads, C // self.heads).permute(1, 2, 0, 3)
-
+        heads = lambda x: x.view(T, B, self.heads, C // self.heads).permute(1, 2, 0, 3)  # noqa: E731  [B, H, T, K]
         o = F.scaled_dot_product_attention(heads(self.q_proj(query)), heads(self.k_proj(query)),
                                            heads(self.v_proj(query)), is_causal=self.causal)
         return self.out_proj(o.permute(2, 0, 1, 3).reshape(T, B, C)), None
@@ -102,29 +70,19 @@ class SDPAAttention(nn.Module):
         return {}
 
 
-def build(args, variant, flags):
-    """The fairseq model of ``flags`` (random weights, seed 0) in training mode, and its task."""
-    from fairseq import options, tasks
-
-    parsed = options.parse_args_and_arch(options.get_training_parser(), flags + ["--user-dir", harness.user_dir()])
-    torch.manual_seed(0)
-    task = tasks.setup_task(parsed)
-    model = task.build_model(parsed).to(args.device, DTYPES[getattr(args, "dtype", "fp32")]).train()
+def build_lm(args, variant, max_len):
+    args.data = getattr(args, "data", None) or harness.fake_dictionary(args.vocab, names=("dict.txt",))
+    sizes = dict(layers=args.layers, embed_dim=args.embed_dim, input_dim=args.embed_dim, output_dim=args.embed_dim,
+                 attention_heads=args.heads, ffn_embed_dim=args.ffn_dim)
+    model, task, parsed = harness.build_model([args.data, "--task", "language_modeling", "--dropout", "0", "--tokens-per-sample",
+                                               str(max_len), "--max-target-positions", str(max_len)] + LM[variant] + [
+        f for k, v in sizes.items() for f in ("--decoder-" + k.replace("_", "-"), str(v))])
+    model.to(args.device, DTYPES[args.dtype]).train()
     if variant == "sdpa":
         for layer in model.decoder.layers:
             layer.self_attn = SDPAAttention(layer.self_attn, causal=True)
         model.decoder.buffered_future_mask = lambda tensor: None
     return model, task, parsed
-
-
-def build_lm(args, variant, max_len):
-    if not hasattr(args, "data"):
-        args.data = harness.fake_dictionary(tempfile.mkdtemp(prefix="rfa_bench_"), args.vocab, names=("dict.txt",))
-    sizes = dict(layers=args.layers, embed_dim=args.embed_dim, input_dim=args.embed_dim, output_dim=args.embed_dim,
-                 attention_heads=args.heads, ffn_embed_dim=args.ffn_dim)
-    flags = [f for k, v in sizes.items() for f in ("--decoder-" + k.replace("_", "-"), str(v))]
-    return build(args, variant, [args.data, "--task", "language_modeling", "--dropout", "0", "--tokens-per-sample",
-                                 str(max_len), "--max-target-positions", str(max_len)] + flags + LM[variant])
 
 
 def lm_step(args, variant, length):
@@ -140,13 +98,8 @@ def lm_step(args, variant, length):
 
 
 def fla_gradient_errors(args, length) -> dict:
-    """RMS(fla - torch) / RMS(torch) of the gradients of phi(q), phi(k), v and log g through one causal RFA-Gate
-    op at the lm benchmark's shapes for ``length`` (batch, heads, the default features and head size): fla in
-    ``--dtype``, the torch path (``ops.chunk_causal_rfa``) in fp32 from the same rounded inputs."""
-    from rfa_fairseq.config import RFAConfig
-    from rfa_fairseq.ops import chunk_causal_rfa, feature_size
-    from rfa_fairseq.ops.causal_rfa.fla import fla_causal_rfa
-
+    """RMS(fla - torch) / RMS(torch) of the gradients of phi(q), phi(k), v and log g through one causal RFA-Gate op at
+    the lm benchmark's shapes: fla in ``--dtype``, ``chunk_causal_rfa`` in fp32 from the same rounded inputs."""
     cfg, g = RFAConfig(), torch.Generator().manual_seed(length)
     B, H, K = max(1, args.tokens_per_batch // length), args.heads, args.embed_dim // args.heads
     Fd = feature_size(cfg.rfa_kernel, cfg.rfa_causal_feature_dim, K)
@@ -162,28 +115,7 @@ def fla_gradient_errors(args, length) -> dict:
             for name, a, b in zip(("q", "k", "v", "log_g"), *grads)}
 
 
-def unguard_fla(args) -> dict:
-    """``--fla-unguard`` (see the module's docstring): the check's errors, and whether the guard was lifted."""
-    import fla.ops.common.chunk_o as chunk_o
-
-    from rfa_fairseq.ops.causal_rfa.fla import fla_refuses_gated_backward
-
-    if not fla_refuses_gated_backward():
-        return {"guard": "not raised on this stack"}
-    chunk_o.TRITON_ABOVE_3_7_1 = True  # the guard's own condition, read when a gated backward starts
-    errors = {length: fla_gradient_errors(args, length) for length in args.lengths}
-    worst = max(e for per in errors.values() for e in per.values())
-    lifted = worst <= FLA_GRADIENT_RATIO
-    chunk_o.TRITON_ABOVE_3_7_1 = lifted
-    print(f"--fla-unguard: fla's gradients against the torch path's, largest relative RMS error {worst:.2e} "
-          f"({'<=' if lifted else '>'} {FLA_GRADIENT_RATIO}): " +
-          ("the guard is lifted for this run" if lifted else "the guard stays, rfa_gate_fla is dropped"), flush=True)
-    return {"guard": "lifted" if lifted else "kept", "gradient_errors": errors}
-
-
 def encoder_module(args, variant):
-    from rfa_fairseq.modules.encoder_attention import build_encoder_self_attention
-
     torch.manual_seed(0)
     module = build_encoder_self_attention("softmax" if variant == "sdpa" else variant, args.embed_dim, args.heads,
                                           feature_dim=args.feature_dim, landmarks=args.landmarks)
@@ -205,8 +137,7 @@ def encoder_step(args, variant, length):
     return step, module, dict(tokens=length)
 
 
-def measure_variant(args, make_step, variant, length) -> dict:
-    """One row's fields: the measurement of ``make_step``'s step, or why it was skipped or failed."""
+def measure_variant(args, make_step, variant, length) -> dict:  # a row's fields
     try:
         made = make_step(args, variant, length)
         if isinstance(made, str):
@@ -220,48 +151,44 @@ def measure_variant(args, make_step, variant, length) -> dict:
 
 
 def by_length(args, make_step, power):
-    """At each length every variant in turn; ``make_step`` gives (step, model, fields) or why to skip.
-    A step is predicted to cost the last length's seconds x (length ratio) ** power[quadratic].
-    With ``--fresh-process`` each row is measured in a process of its own, so that no row's peak
-    memory depends on what the allocator kept from the rows before it."""
+    """Each length, every variant; a step costs the last length's seconds x (length ratio) ** power[quadratic]."""
     rows, last, failed = [], {}, {}
     for length in args.lengths:
         for variant in args.variants:
-            rows.append(dict(model=variant, length=length))
+            rows.append(row := dict(model=variant, length=length))
             guess = last[variant][1] * (length / last[variant][0]) ** power[variant in ("softmax", "sdpa")] \
                 * (args.repeats + 1) if variant in last else 0
             if variant in failed or guess > args.max_seconds:
-                rows[-1]["skipped"] = (failed[variant] if variant in failed else
-                                       f"predicted {guess:.0f} s > --max-seconds {args.max_seconds:g}")
+                row["skipped"] = failed.get(variant) or f"predicted {guess:.0f} s > --max-seconds {args.max_seconds:g}"
             elif args.fresh_process:
                 with multiprocessing.get_context("spawn").Pool(1) as pool:
-                    rows[-1].update(pool.apply(measure_variant, (args, make_step, variant, length)))
+                    row.update(pool.apply(measure_variant, (args, make_step, variant, length)))
             else:
-                rows[-1].update(measure_variant(args, make_step, variant, length))
+                row.update(measure_variant(args, make_step, variant, length))
                 gc.collect()
-            if "seconds" in rows[-1]:
-                rows[-1]["tokens_per_s"], last[variant] = rows[-1]["tokens"] / rows[-1]["seconds"], (length, rows[-1]["seconds"])
-            if "error" in rows[-1] and variant not in failed:
-                failed[variant] = ("out of memory" if rows[-1]["error"] == "out of memory" else "failed") + f" at length {length}"
-            print(f"{variant:18s} {length:6d}: " + (f"skipped, {rows[-1]['skipped']}" if "skipped" in rows[-1] else
-                  f"{rows[-1].get('seconds', float('nan')):9.4f} s/step, peak {harness.mib(rows[-1].get('peak_bytes'))} "
-                  f"MiB {rows[-1].get('error', '')}"), flush=True)
+            if "seconds" in row:
+                row["tokens_per_s"], last[variant] = row["tokens"] / row["seconds"], (length, row["seconds"])
+            if "error" in row and variant not in failed:
+                failed[variant] = ("out of memory" if row["error"] == "out of memory" else "failed") + f" at length {length}"
+            print(f"{variant:18s} {length:6d}: " + (f"skipped, {row['skipped']}" if "skipped" in row else
+                  f"{row.get('seconds', float('nan')):9.4f} s/step, peak {harness.mib(row.get('peak_bytes'))} "
+                  f"MiB {row.get('error', '')}"), flush=True)
     return rows
 
 
 def translation(args):
     from fairseq import utils
-
-    flags = [args.data, "--task", "translation", "--share-all-embeddings", "--dropout", "0.1", "--seed", "1",
-             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", str(args.max_tokens)]
-    for side in ("encoder", "decoder"):
-        flags += [f"--{side}-layers", str(args.layers), f"--{side}-embed-dim", str(args.embed_dim),
-                  f"--{side}-ffn-embed-dim", str(args.ffn_dim), f"--{side}-attention-heads", str(args.heads)]
-    built = {v: build(args, v, flags + MT[v]) for v in args.variants}
-    task = built[args.variants[0]][1]
-    task.load_dataset("train")
-    itr = task.get_batch_iterator(task.dataset("train"), max_tokens=args.max_tokens, seed=1,
-                                  max_positions=(1024, 1024)).next_epoch_itr(shuffle=True)
+    flags = [args.data, "--task", "translation", "--share-all-embeddings", "--dropout", "0.1", "--seed", "1", "--criterion",
+             "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", str(args.max_tokens)] + [
+        x for side in ("encoder", "decoder") for k, v in (("layers", args.layers), ("embed-dim", args.embed_dim),
+                                                          ("ffn-embed-dim", args.ffn_dim), ("attention-heads", args.heads))
+        for x in (f"--{side}-{k}", str(v))]
+    built = {v: harness.build_model(flags + MT[v]) for v in args.variants}
+    for model, _, _ in built.values():
+        model.to(args.device).train()
+    (task := built[args.variants[0]][1]).load_dataset("train")
+    itr = task.get_batch_iterator(task.dataset("train"), max_tokens=args.max_tokens, seed=1, max_positions=(1024, 1024)
+                                  ).next_epoch_itr(shuffle=True)
     samples = [next(itr) for _ in range(min(args.batches, len(itr)))]
     samples = [utils.move_to_cuda(s) for s in samples] if args.device == "cuda" else samples
     rows, tokens = {v: dict(model=v, times=[]) for v in args.variants}, sum(s["ntokens"] for s in samples) / len(samples)
@@ -283,10 +210,8 @@ def translation(args):
 
 
 def chunk(args):
-    from rfa_fairseq.ops import chunk_causal_rfa
-
     rows, D = [], args.feature_dim
-    for mode in args.passes:
+    for mode in ("train", "infer"):
         for gated in (False, True):
             for length in args.lengths:
                 shape, g = (max(1, args.tokens_per_batch // length), args.heads, length), torch.Generator().manual_seed(0)
@@ -320,9 +245,7 @@ def parse_args(argv=None):
         else:
             sub.add_argument("--max-seconds", type=float, default=600.0, help="skip a length predicted to take longer")
         if mode in ("lm", "encoder"):
-            sub.add_argument("--fresh-process", action="store_true",
-                             help="measure each variant and length in a process of its own (peak memory unaffected "
-                                  "by the rows before)")
+            sub.add_argument("--fresh-process", action="store_true", help="each row in a process of its own (peak memory)")
         if variants:
             sub.add_argument("--variants", nargs="+", choices=variants, default=default)
         for name in full:
@@ -330,14 +253,9 @@ def parse_args(argv=None):
                              help=f"default {full[name]} (--tiny: {tiny[name]})")
         harness.common_flags(sub, repeats=3)
         sub.add_argument("--tiny", action="store_true", help="small sizes (for tests)")
-    modes.choices["encoder"].add_argument("--max-memory-gb", type=float, default=10.0,
-                                          help="skip softmax where its attention matrices would need more")
-    modes.choices["lm"].add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
-                                     help="the model's dtype (fairseq's --bf16 / --fp16 cast the model so)")
-    modes.choices["lm"].add_argument("--fla-unguard", action="store_true",
-                                     help="where fla refuses gated backward passes (Hopper, Triton >= 3.4 and < 3.7.1): "
-                                          "check fla's gradients here, then lift the guard for this run (see above)")
-    modes.choices["chunk"].add_argument("--passes", nargs="+", choices=["train", "infer"], default=["train", "infer"])
+    modes.choices["encoder"].add_argument("--max-memory-gb", type=float, default=10.0, help="skip softmax above this")
+    modes.choices["lm"].add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="the model's, as --bf16 / --fp16")
+    modes.choices["lm"].add_argument("--fla-unguard", action="store_true", help="lift fla's Hopper guard after a gradient check")
     args = p.parse_args(argv)
     sub = modes.choices[args.mode]
     harness.setup(sub, args)
@@ -349,18 +267,22 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    from rfa_fairseq.ops.causal_rfa.fla import fla_installed, fla_refuses_gated_backward
-
-    args = parse_args(argv)
-    fla_guard = None
+    args, fla_guard = parse_args(argv), {}
     if args.mode == "lm" and "rfa_gate_fla" in args.variants and fla_installed() and fla_refuses_gated_backward():
         if not args.fla_unguard:
-            sys.exit("rfa_gate_fla: fla-core refuses RFA-Gate's backward on this stack (Hopper with Triton >= 3.4 and "
-                     "< 3.7.1, its issue 640); upgrade Triton, or pass --fla-unguard to check fla's gradients here "
-                     "and lift the guard for this run")
-        fla_guard = unguard_fla(args)
-        if fla_guard["guard"] == "kept":
-            args.variants = [v for v in args.variants if v != "rfa_gate_fla"]
+            sys.exit("rfa_gate_fla: fla-core refuses RFA-Gate's backward on this stack (Hopper with Triton >= 3.4 and < 3.7.1, its "
+                     "issue 640); upgrade Triton, or pass --fla-unguard to check fla's gradients here and lift the guard for this run")
+        import fla.ops.common.chunk_o as chunk_o
+
+        chunk_o.TRITON_ABOVE_3_7_1 = True  # the guard's own condition, read when a gated backward starts
+        errors = {length: fla_gradient_errors(args, length) for length in args.lengths}
+        worst = max(e for per in errors.values() for e in per.values())
+        chunk_o.TRITON_ABOVE_3_7_1 = lifted = worst <= FLA_GRADIENT_RATIO
+        print(f"--fla-unguard: fla's gradients against the torch path's, largest relative RMS error {worst:.2e} "
+              f"({'<=' if lifted else '>'} {FLA_GRADIENT_RATIO}): " +
+              ("the guard is lifted for this run" if lifted else "the guard stays, rfa_gate_fla is dropped"), flush=True)
+        fla_guard = {"fla_guard": {"guard": "lifted" if lifted else "kept", "gradient_errors": errors}}
+        args.variants = [v for v in args.variants if lifted or v != "rfa_gate_fla"]
     if args.mode in ("lm", "encoder"):  # lm: tokens per step fixed, so softmax's step grows linearly with length
         rows = by_length(args, lm_step if args.mode == "lm" else encoder_step, (0, 1) if args.mode == "lm" else (1, 2))
     else:
@@ -369,11 +291,7 @@ def main(argv=None):
     if args.mode != "chunk":
         harness.add_ratios(rows, reference, group=("length",) if args.mode != "translation" else ())
         harness.add_ratios(rows, "sdpa", field="ratio_sdpa")
-    meta = dict(harness.machine(args.device, ["train.py"] + (sys.argv[1:] if argv is None else argv)),
-                bench=f"train-{args.mode}", reference=reference, args=vars(args), **({"fla_guard": fla_guard} if fla_guard else {}))
-    if args.out:
-        harness.write_json(args.out, meta, rows)
-    return rows
+    return harness.save(args, argv, f"train-{args.mode}", rows, reference=reference, args=vars(args), **fla_guard)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,8 @@
 #!/usr/bin/env python
-"""Softmax -> RFA-Gate conversion on Multi30k de-en (T2R-style finetuning) against RFA-Gate trained
-from scratch, at a setting of results/quality.py (its model, data and N updates), test BLEU:
+"""Softmax -> RFA-Gate conversion on Multi30k de-en (T2R-style) against RFA-Gate from scratch at a setting of quality.py
+(N updates), test BLEU: ``converted[_softcross]``, ``finetuned[_softcross]-F`` (F*N updates more), ``scratch[_softcross]-F``.
 
     python results/convert.py --setting final --seeds 1
-    python results/convert.py --report
-
-  softmax                   quality.py's softmax run (the same folder under the same --work: trained once)
-  converted                 scripts/convert_from_softmax.py --rfa-gate --cross-attention rfa of it (the paper's model)
-  converted_softcross       the same with --cross-attention softmax: only the decoder's self-attention is replaced
-  finetuned[_softcross]-F   the converted model finetuned F*N updates (--finetune-from-model, warm-up F*N/5)
-  scratch[_softcross]-F     quality.py's gate_bias2 (gate_softcross) run, trained on from update N to N + F*N
-                            (a copy of its checkpoint: the same data order, schedule and seed)
-A scratch row's train_s is that of its last F*N updates.
 """
 import shutil
 import sys
@@ -23,10 +14,8 @@ NAME, OUT, WORK = "convert", "results/convert_study.jsonl", quality.WORK
 SETTINGS = quality.SETTINGS
 METRICS = [("updates in all", "total_updates", 0), ("test BLEU", "test_bleu", 2), ("train s", "train_s", 1)]
 FRACTIONS = ("0.1", "0.2")
-VARIANTS = {"softmax": "softmax"}  # the row's name: what it is
-for cross in ("", "_softcross"):
-    VARIANTS[f"converted{cross}"] = "converted"
-    VARIANTS.update({f"finetuned{cross}-{f}": "finetuned" for f in FRACTIONS})
+VARIANTS = {"softmax": "softmax", **{name: kind for cross in ("", "_softcross") for name, kind in [  # the row: what it is
+    (f"converted{cross}", "converted"), *((f"finetuned{cross}-{f}", "finetuned") for f in FRACTIONS)]}}
 VARIANTS.update({f"scratch{cross}-{f}": "scratch" for cross in ("", "_softcross") for f in FRACTIONS})
 prepare = quality.prepare
 
@@ -39,9 +28,8 @@ def trained(variant, s, seed, data, a):
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
-    kind, n, f = VARIANTS[variant], s["updates"], variant.partition("-")[2]
-    extra = round(float(f or 0) * n)
-    softcross = "_softcross" in variant
+    kind, n, softcross = VARIANTS[variant], s["updates"], "_softcross" in variant
+    extra = round(float(variant.partition("-")[2] or 0) * n)
     base = "gate_softcross" if softcross else "gate_bias2"  # RFA-Gate from scratch, with this cross attention
     record, ckpt = trained("softmax", s, seed, data, a)
     if kind in ("converted", "finetuned"):
@@ -50,8 +38,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
         if not ckpt.exists():
             ckpt.parent.mkdir(parents=True, exist_ok=True)
             run([PY, "scripts/convert_from_softmax.py", "--input", folder(a, "softmax", seed) / "checkpoint_last.pt",
-                 "--output", ckpt, "--seed", seed, "--rfa-gate", "--cross-attention",
-                 "softmax" if softcross else "rfa"],
+                 "--output", ckpt, "--seed", seed, "--rfa-gate", "--cross-attention", "softmax" if softcross else "rfa"],
                 ckpt.parent / "convert.log")
     if kind == "finetuned":
         warmup = dict(s, warmup=max(1, min(s["warmup"], extra // 5)))

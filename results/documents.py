@@ -1,21 +1,8 @@
 #!/usr/bin/env python
-"""Document translation on Multi30k de-en pseudo-documents: consecutive captions joined into
-documents of 4-64 sentences (scripts/make_documents.py, seed 1; about 50-900 subwords a side,
-``<sep>`` between sentences), trained and decoded like results/quality.py's sentences but a document at a
-time. Multi30k's captions are unrelated to each other, so this tests long inputs and outputs
-(alignment over hundreds of tokens, output length), not discourse.
+"""Document translation on Multi30k de-en pseudo-documents (scripts/make_documents.py): quality.py's sentence-level
+recipe, then finetuned on the documents (``screen_docs``: the documents alone); sacreBLEU over whole documents, by length.
 
     python results/documents.py --variants softmax gate_softcross --seeds 1 2 3
-    python results/documents.py --report
-
-Training: each run first trains the setting's sentence-level recipe (results/quality.py's, in the
-documents' dictionary), then finetunes it on the documents (``finetune``: updates, warm-up, learning rate;
-``--finetune-from-model``). Trained on the documents alone (``screen_docs``) the model learns no alignment at
-these budgets: it writes the same few captions whatever the source.
-
-Scores: sacreBLEU over whole documents (separators removed, a document one segment), and by the
-reference document's length in target subwords (up to 128, 128-256, 256-512, over 512).
-Settings are chosen on valid; test is reported.
 """
 import json
 import sys
@@ -41,18 +28,11 @@ POSITIONS = ["--max-source-positions", "1280", "--max-target-positions", "1280"]
 GENERATE = []  # fairseq-generate flags after the runner's (tests shorten the outputs of untrained models)
 LATER_CROSS = ["--rfa-cross-feature-dim", "256", "--rfa-cross-norm-rescale"]  # rfa-doc-mt's cross attention
 VARIANTS = {  # name: (results/quality.py's variant, extra flags)
-    "softmax": ("softmax", []),
-    "gate_softcross": ("gate_softcross", []),  # RFA-Gate behind softmax cross attention: the default
-    "gate_softcross_f32": ("gate_softcross_f32", []),
-    "rfa_softcross": ("rfa_softcross", []),  # no gate: a causal state that forgets nothing
-    "rfa_gate": ("rfa_gate", []),  # the paper's: RFA cross attention, gate bias 0
-    "gate_cross": ("gate_bias2", []),  # RFA cross attention, the current gate
-    "gate_cross256": ("gate_bias2", LATER_CROSS[:2]),
-    "gate_cross_rescale": ("gate_bias2", LATER_CROSS[2:]),
-    "gate_cross_later": ("gate_bias2", LATER_CROSS + ["--rfa-causal-feature-dim", "32"]),
-    "enc_rfa": ("enc_rfa", []),  # an RFA encoder too: sources of hundreds of tokens
-    # RFA-Gate with its last W keys by the exact kernel (--rfa-local-window)
-    **{f"gate_window{w}": ("gate_softcross", ["--rfa-local-window", str(w)]) for w in (16, 32, 64, 128)},
+    **{name: (name, []) for name in ("softmax", "gate_softcross", "gate_softcross_f32", "rfa_softcross", "rfa_gate")},
+    "gate_cross": ("gate_bias2", []),  # RFA cross attention, the current gate (rfa_gate: the paper's, bias 0)
+    "gate_cross256": ("gate_bias2", LATER_CROSS[:2]), "gate_cross_rescale": ("gate_bias2", LATER_CROSS[2:]),
+    "gate_cross_later": ("gate_bias2", LATER_CROSS + ["--rfa-causal-feature-dim", "32"]), "enc_rfa": ("enc_rfa", []),
+    **{f"gate_window{w}": ("gate_softcross", ["--rfa-local-window", str(w)]) for w in (16, 32, 64, 128)},  # exact last W
     "gate_window0": ("gate_softcross", []),  # gate_softcross trained again with the windows' code: their paired seed 1
 }
 DEFAULT_VARIANTS = ["softmax", "gate_softcross"]
@@ -63,14 +43,23 @@ METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [
 TIME = "s_per_update_with_validation"
 
 
-def prepare(a):
-    """Sentence-level Multi30k (scripts/prepare_multi30k.sh: sentencepiece, references), joined into
-    documents: --work/docs/{bin, SPLIT.ref.en (a document's sentences as shipped, joined by spaces),
-    SPLIT.tgt_tokens (its length in subwords, separators included)}; docs/sentences/bin: the sentence-level
-    train and valid in the documents' dictionary, for the sentence-level stage."""
+def prepare(a):  # quality.py's data as documents in --work/docs (SPLIT.ref.en, SPLIT.tgt_tokens); the sentences in docs/sentences
     sent, docs = quality.prepare(a), a.work / "docs"
     if not (docs / "bin" / "dict.en.txt").exists():
-        make_document_data(sent, docs)
+        docs.mkdir(parents=True, exist_ok=True)
+        for split in ("train", "valid", "test"):
+            pieces = {lang: (sent / f"{split}.spm.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("de", "en")}
+            encoded = make_documents(pieces["de"], pieces["en"])
+            for lang, side in (("de", "src"), ("en", "tgt")):
+                (docs / f"{split}.spm.{lang}").write_text("".join(getattr(d, side) + "\n" for d in encoded), encoding="utf-8")
+            if split != "train":  # the references as shipped, grouped the same way (same line count, same seed)
+                text = make_documents(*(read_lines(str(ROOT / f"data/multi30k/{split}.{lang}.gz")) for lang in ("de", "en")))
+                assert [d.size for d in text] == [d.size for d in encoded]
+                (docs / f"{split}.ref.en").write_text("".join(" ".join(split_document(d.tgt)) + "\n" for d in text), encoding="utf-8")
+                (docs / f"{split}.tgt_tokens").write_text("".join(f"{len(d.tgt.split())}\n" for d in encoded))
+        run([tool("fairseq-preprocess"), "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
+             "--workers", "1", *[f for s in ("train", "valid", "test") for f in (f"--{s}pref", docs / f"{s}.spm")],
+             "--destdir", docs / "bin"], docs / "preprocess.log")
     if not (docs / "sentences" / "bin" / "valid.de-en.en.idx").exists():
         (docs / "sentences").mkdir(exist_ok=True)
         run([tool("fairseq-preprocess"), "--source-lang", "de", "--target-lang", "en", "--workers", "1",
@@ -80,44 +69,18 @@ def prepare(a):
     return docs
 
 
-def make_document_data(sent: Path, docs: Path):
-    """--work/docs from the sentence-level data in ``sent`` (see prepare)."""
-    docs.mkdir(parents=True, exist_ok=True)
-    data = ROOT / "data" / "multi30k"
-    for split in ("train", "valid", "test"):
-        pieces = {lang: (sent / f"{split}.spm.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("de", "en")}
-        encoded = make_documents(pieces["de"], pieces["en"])
-        for lang, side in (("de", "src"), ("en", "tgt")):
-            (docs / f"{split}.spm.{lang}").write_text("".join(getattr(d, side) + "\n" for d in encoded), encoding="utf-8")
-        if split != "train":  # the references as shipped, grouped the same way (same line count, same seed)
-            text = make_documents(read_lines(str(data / f"{split}.de.gz")), read_lines(str(data / f"{split}.en.gz")))
-            assert [d.size for d in text] == [d.size for d in encoded]
-            (docs / f"{split}.ref.en").write_text("".join(" ".join(split_document(d.tgt)) + "\n" for d in text),
-                                                  encoding="utf-8")
-            (docs / f"{split}.tgt_tokens").write_text("".join(f"{len(d.tgt.split())}\n" for d in encoded))
-    run([tool("fairseq-preprocess"), "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
-         "--workers", "1", *[f for s in ("train", "valid", "test") for f in (f"--{s}pref", docs / f"{s}.spm")],
-         "--destdir", docs / "bin"], docs / "preprocess.log")
-
-
 def score(generated: Path, refs: Path, lengths: Path, pieces: Path) -> dict:
-    """Document BLEU (separators removed) overall and by the reference's length in subwords; and whether
-    the output keeps its place: ``sentences``, its sentences per reference sentence (``pieces``: the
-    reference documents in subwords, separators kept), and ``repeats``, the share of its sentences that
-    repeat the sentence before them (a decoder that loses its place translates a sentence again)."""
-    outputs = [split_document(h) for h in hypotheses(generated)]
-    hyps = [" ".join(o) for o in outputs]
-    ref = refs.read_text(encoding="utf-8").splitlines()
+    """Document BLEU (separators removed), overall and by the reference's subwords; sentences per reference sentence
+    (``pieces``: the references in subwords), and the share of sentences that repeat the one before (a lost place)."""
+    outputs, ref = [split_document(h) for h in hypotheses(generated)], refs.read_text(encoding="utf-8").splitlines()
     ref_sentences = [len(split_document(line)) for line in pieces.read_text(encoding="utf-8").splitlines()]
-    sizes = [int(n) for n in lengths.read_text().split()]
-    metric = sacrebleu.BLEU(force=True)
-    found = {}
+    sizes, metric, found = [int(n) for n in lengths.read_text().split()], sacrebleu.BLEU(force=True), {}
     for lo, hi in [(None, None)] + BUCKETS:
         pick = [i for i, n in enumerate(sizes) if lo is None or n > lo and (hi is None or n <= hi)]
         if not pick:
             continue
         tail = "" if lo is None else f"_{lo}"
-        found[f"bleu{tail}"] = round(metric.corpus_score([hyps[i] for i in pick], [[ref[i] for i in pick]]).score, 2)
+        found[f"bleu{tail}"] = round(metric.corpus_score([" ".join(outputs[i]) for i in pick], [[ref[i] for i in pick]]).score, 2)
         written = sum(len(outputs[i]) for i in pick)
         found[f"sentences{tail}"] = round(written / sum(ref_sentences[i] for i in pick), 3)
         found[f"repeats{tail}"] = round(sum(a == b for i in pick for a, b in zip(outputs[i], outputs[i][1:])) / written, 3)
@@ -127,18 +90,13 @@ def score(generated: Path, refs: Path, lengths: Path, pieces: Path) -> dict:
 
 
 def scores(out: Path, data: Path, split: str) -> dict:
-    """score() of a run folder's ``generate.SPLIT.out``, keys prefixed with the split."""
-    found = score(out / f"generate.{split}.out", data / f"{split}.ref.en", data / f"{split}.tgt_tokens",
-                  data / f"{split}.spm.en")
+    found = score(out / f"generate.{split}.out", data / f"{split}.ref.en", data / f"{split}.tgt_tokens", data / f"{split}.spm.en")
     return {f"{split}_{k}": v for k, v in found.items()}
 
 
 def sentence_share(attn, src, tgt, sep: int, pad: int):
-    """How much of each target token's cross attention falls on the source sentence it translates.
-    ``attn [B, Tt, Ts]``: the weights of the decoder position predicting ``tgt [B, Tt]`` over the
-    source ``src [B, Ts]``; sentence n is the n-th of a document (a separator ends the sentence
-    before it). Returns ``[B, Tt]`` twice: the weight on the same sentence, and that sentence's
-    share of the source's tokens (what flat attention gives); 0 at padding."""
+    """``[B, Tt]`` twice: each target token's cross attention ``attn [B, Tt, Ts]`` on the source sentence of the same
+    number (a separator ends a sentence), and that sentence's share of the source's tokens (flat attention's)."""
     def sentence(tokens, outside):
         is_sep = (tokens == sep).long()
         return (is_sep.cumsum(1) - is_sep).masked_fill(tokens == pad, outside)
@@ -147,12 +105,9 @@ def sentence_share(attn, src, tgt, sep: int, pad: int):
 
 
 def alignment(ckpt: Path, data: Path, split: str) -> dict:
-    """Teacher-forced over ``split``, a document at a time: the mean over target tokens of
-    sentence_share for each decoder layer (``align_L``, the last ``align_last``; heads averaged) and for flat attention
-    (``align_flat``), over all documents and over those above 512 target subwords (``..._512``);
-    keys prefixed with the split."""
+    """sentence_share's mean over ``split``'s target tokens (teacher-forced), per decoder layer (``align_L``, ``align_last``)
+    and flat (``align_flat``); ``..._512``: documents above 512 target subwords."""
     import argparse
-
     import torch
     from fairseq import checkpoint_utils, utils
     utils.import_user_module(argparse.Namespace(user_dir=str(ROOT / "rfa_fairseq")))
@@ -162,12 +117,10 @@ def alignment(ckpt: Path, data: Path, split: str) -> dict:
     ds, sep = task.dataset(split), task.tgt_dict.index("<sep>")
     assert task.src_dict.index("<sep>") == sep != task.tgt_dict.unk(), "documents have a <sep> in a joined dictionary"
     sizes = [int(n) for n in (data / f"{split}.tgt_tokens").read_text().split()]
-    sums = {}
+    sums, layers = {}, len(model.decoder.layers)
     with torch.no_grad():
         for i in range(len(ds)):
-            batch = ds.collater([ds[i]])
-            shares = {}
-            layers = len(model.decoder.layers)
+            batch, shares = ds.collater([ds[i]]), {}
             for layer in range(layers):
                 attn = model(**batch["net_input"], alignment_layer=layer)[1]["attn"][0]
                 shares["align_last" if layer == layers - 1 else f"align_{layer}"], shares["align_flat"] = sentence_share(
@@ -180,9 +133,7 @@ def alignment(ckpt: Path, data: Path, split: str) -> dict:
 
 
 def rescore(variant, s, seed, data, out, a, record) -> dict:
-    """The scores again from a recorded run's outputs (for fields score() gained since it ran), and
-    where its cross attention looks (alignment, from its checkpoint); nothing if the folder's outputs
-    no longer score as recorded (another run in the same folder since)."""
+    """The scores again and the alignment; nothing if the folder's outputs are another run's (other scores)."""
     found = {k: v for split in ("valid", "test") for k, v in scores(out, data, split).items()}
     if any(found[k] != record[k] for k in ("valid_bleu", "test_bleu") if k in record):
         print(f"[{NAME}]   {out} holds another run's outputs ({found['valid_bleu']} / {found['test_bleu']} BLEU, "
@@ -204,8 +155,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
     else:
         record.update(train(flags(s, data), out, s["updates"], a))
     for split in ("valid", "test"):
-        # fairseq-generate (beam 4) with runner.bleu; its sentence-level score is replaced by the documents'
-        r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref.en", out, a,
+        r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref.en", out, a,  # scores replaced below
                  post=("--post-process", "sentencepiece", *POSITIONS, *GENERATE))
         record.update(scores(out, data, split), **{f"{split}_tokens_per_s": r.get("tokens_per_s")})
     record.update(alignment(out / "checkpoint_last.pt", data, "test"))

@@ -1,23 +1,8 @@
-"""The study runner: a resumable queue of training runs, one JSON line per finished run, and the
-markdown table of what is recorded. Each study is a short spec module beside it (quality.py,
-convert.py, stateful_lm.py, lra.py) that ends with ``main(sys.modules[__name__])``:
-
-    NAME, OUT, WORK   the progress lines' prefix; the default --out (JSONL) and --work, from the repository root
-    SETTINGS          {name: dict(updates=N, ...)}: model and budget; the first is the default
-    VARIANTS          {name: anything the spec needs}: what is compared; DEFAULT_VARIANTS (optional)
-    METRICS           [(column, record key, digits)]: the report's columns, mean (min-max) over seeds
-    TIME              (optional) the record key of the time per update reported; "s_per_update" by default
-    prepare(a)        makes the data once, returns what run_one needs of it (a: the parsed arguments)
-    run_one(variant, s, seed, data, out, a)  trains and scores one run in the folder out; returns its fields
-    add_args(parser)  (optional) the study's own flags
-    rescore(variant, s, seed, data, out, a, record)  (optional) new scores of a recorded run from the
-                      checkpoints in its folder: ``--rescore`` adds them to the runs of --variants and
-                      --seeds whose folder is still there, and rewrites --out
-
-A run is (setting, variant, seed, updates): one already in --out is skipped, an interrupted one
-resumes from the checkpoint in its folder (--work/SETTING/VARIANT-seedS, -uN for an --updates
-probe). A probe's records are reported as a group of their own. Two jobs on the same cores spoil
-each other's times: run one queue at a time, or pin each (``OMP_NUM_THREADS=1 taskset -c N``).
+"""The study runner: a resumable queue of training runs, a JSON line per run, and the table of what is recorded. A spec
+module beside it ends with ``main(sys.modules[__name__])`` and defines NAME, OUT, WORK, SETTINGS ({name: dict(updates=N,
+...)}), VARIANTS, METRICS ([(column, key, digits)]), ``prepare(a)`` (the data) and ``run_one(variant, s, seed, data, out,
+a)`` (a run's fields); optionally DEFAULT_VARIANTS, TIME, ``add_args(parser)``, ``rescore(variant, s, seed, data, out, a,
+record)``. A recorded run is skipped, an interrupted one resumes in --work/SETTING/VARIANT-seedS[-uN]. Pin each queue.
 """
 import argparse
 import json
@@ -31,18 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-BIN = Path(PY).parent
-ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RFA_USE_CURRENT_ENV": "1",
+ENV = {**os.environ, "PATH": f"{Path(PY).parent}{os.pathsep}{os.environ.get('PATH', '')}", "RFA_USE_CURRENT_ENV": "1",
        "PYTHONWARNINGS": "ignore"}
-
-
-def tool(name: str) -> str:
-    """The command ``name`` (fairseq-generate, ...): beside this python first, else on PATH."""
-    found = shutil.which(name, path=ENV["PATH"])
-    if found is None:
-        raise FileNotFoundError(f"{name} is neither beside {PY} nor on PATH: install fairseq into this environment")
-    return found
-
 # fairseq-train in this process (python -m fairseq_cli.train), writing its peak memory to argv[1] on the way out
 TRAIN = """
 import json, resource, sys
@@ -61,11 +36,17 @@ finally:
 """
 
 
+def tool(name: str) -> str:  # the command (fairseq-generate, ...) beside this python first, else on PATH
+    found = shutil.which(name, path=ENV["PATH"])
+    if found is None:
+        raise FileNotFoundError(f"{name} is neither beside {PY} nor on PATH: install fairseq into this environment")
+    return found
+
+
 def run(cmd, log, progress=None):
-    """Run ``cmd`` in the repository root, its output to the file ``log``; returns that output. With
-    ``progress`` (the updates to train) scripts/train_progress.py also prints a line per log entry."""
+    """``cmd`` in the repository root, its output to ``log`` (returned); ``progress``: scripts/train_progress.py's lines."""
     cmd = [str(c) for c in cmd]
-    if progress is None:
+    if not progress:
         with open(log, "w") as f:
             code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=ENV).returncode
     else:
@@ -78,24 +59,21 @@ def run(cmd, log, progress=None):
 
 
 def train(flags, out: Path, updates: int, a) -> dict:
-    """fairseq-train ``flags`` for ``updates`` updates into ``out`` (resuming its checkpoint_last.pt),
-    unless done before. Returns the record's training fields: seconds, time per update (fairseq's
-    train_wall, updates alone; and the whole run's), peak memory (the CUDA allocator's peak, else the
-    process's peak resident memory) and device. Only a run trained in one go has times per update."""
+    """fairseq-train into ``out`` (resumed) unless done; the seconds, the time per update (fairseq's train_wall; the whole
+    run's; a run trained in one go), the peak memory (CUDA allocator's, else the peak resident set), the device."""
     timing = out / "timing.json"  # written once training has finished
     if not timing.exists():
         print(f"[{a.name}]   fairseq-train: {updates} updates, log {out / 'train.log'}", flush=True)
         resumed = (out / "checkpoint_last.pt").exists()
-        log = run([PY, "-c", TRAIN, out / "peak.json", *flags, *([] if a.gpu else ["--cpu"]), "--max-update", updates,
-                   "--save-dir", out, "--no-epoch-checkpoints", "--log-format", "simple", "--num-workers", "0"],
-                  out / "train.log", updates if a.progress else None)
+        log = run([PY, "-c", TRAIN, out / "peak.json", *flags, *a.cpu_flag, "--max-update", updates, "--save-dir", out,
+                   "--no-epoch-checkpoints", "--log-format", "simple", "--num-workers", "0"], out / "train.log",
+                  a.progress and updates)
         done = re.search(r"done training in ([\d.]+) seconds", log)
         wall = sum(int(w) for w in re.findall(r"\| train \| epoch \d+ \|.*?\| train_wall (\d+) \|", log))
-        t = {"train_s": float(done.group(1)) if done else None, "device": "cpu",
-             "s_per_update": None if resumed or not wall else round(wall / updates, 4),
-             "s_per_update_with_validation": None if resumed or not done else round(float(done.group(1)) / updates, 4),
-             **json.loads((out / "peak.json").read_text())}
-        timing.write_text(json.dumps(t))
+        seconds = float(done.group(1)) if done else None
+        timing.write_text(json.dumps({"train_s": seconds, "device": "cpu", "s_per_update": None if resumed or not wall else
+                                      round(wall / updates, 4), "s_per_update_with_validation": None if resumed or not done else
+                                      round(seconds / updates, 4), **json.loads((out / "peak.json").read_text())}))
     return json.loads(timing.read_text())
 
 
@@ -104,28 +82,18 @@ def bleu(data_bin: Path, ckpt: Path, split: str, ref: Path, out: Path, a, post=(
     print(f"[{a.name}]   fairseq-generate --beam 4: {split}", flush=True)
     gen, log = out / f"generate.{split}.out", out / f"generate.{split}.log"
     with open(gen, "w") as o, open(log, "w") as e:
-        subprocess.run([tool("fairseq-generate"), data_bin, "--user-dir", "rfa_fairseq", "--path", ckpt, "--gen-subset",
-                        split, "--beam", "4", "--batch-size", "64", "--max-len-a", "1.2", "--max-len-b", "10",
-                        "--required-batch-size-multiple", "1", *post, *([] if a.gpu else ["--cpu"])],
-                       stdout=o, stderr=e, check=True, cwd=ROOT, env=ENV)
-    score = out / f"score.{split}.json"
-    score.unlink(missing_ok=True)
+        subprocess.run([tool("fairseq-generate"), data_bin, "--user-dir", "rfa_fairseq", "--path", ckpt, "--gen-subset", split,
+                        "--beam", "4", "--batch-size", "64", "--max-len-a", "1.2", "--max-len-b", "10",
+                        "--required-batch-size-multiple", "1", *post, *a.cpu_flag], stdout=o, stderr=e, check=True, cwd=ROOT, env=ENV)
+    (score := out / f"score.{split}.json").unlink(missing_ok=True)
     run([PY, "scripts/score_translation.py", gen, log, ref, "--json", score], out / f"score.{split}.log")
     return json.loads(score.read_text().splitlines()[-1])
 
 
-def eval_lm(data: Path, ckpt: Path, log: Path, a, *flags) -> float:
-    """Test perplexity from fairseq-eval-lm."""
+def eval_lm(data: Path, ckpt: Path, log: Path, a, *flags) -> float:  # test perplexity from fairseq-eval-lm
     text = run([tool("fairseq-eval-lm"), data, "--user-dir", "rfa_fairseq", "--path", ckpt, "--gen-subset", "test",
-                *flags, *([] if a.gpu else ["--cpu"])], log)
+                *flags, *a.cpu_flag], log)
     return float(re.search(r"Perplexity: ([\d.]+)", text).group(1))
-
-
-def validate(data: Path, ckpt: Path, subset: str, log: Path, a, *flags) -> dict:
-    """fairseq-validate's metrics on ``subset`` ({"loss": ..., "accuracy": ...})."""
-    text = run([tool("fairseq-validate"), data, "--user-dir", "rfa_fairseq", "--path", ckpt, "--valid-subset", subset,
-                *flags, *([] if a.gpu else ["--cpu"])], log)
-    return valid_scores(text, subset)[-1]
 
 
 def valid_scores(log: str, subset="valid") -> list:
@@ -148,15 +116,12 @@ def label(spec, r) -> str:
 
 
 def spread(values, digits) -> str:
-    if not values:
-        return "-"
-    mean = f"{statistics.mean(values):.{digits}f}"
-    return mean if len(values) == 1 else f"{mean} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+    mean = f"{statistics.mean(values):.{digits}f}" if values else "-"
+    return mean if len(values) < 2 else f"{mean} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def per_machine(rs, key, base, fmt) -> str:
-    """Mean of ``key`` per device and thread count (only those compare), with the ratio to the mean of
-    ``base`` (softmax's runs in the same group) on the same machine."""
+    """Mean of ``key`` per device and thread count (only those compare), x the mean of ``base``'s on that machine."""
     def means(runs):
         found = {}
         for r in runs:
@@ -170,8 +135,7 @@ def per_machine(rs, key, base, fmt) -> str:
 
 
 def report(spec, records) -> str:
-    """The markdown table: a row per (setting, variant), the spec's METRICS as mean (min-max) over
-    seeds, then time per update and peak memory per machine (x softmax's in the same group)."""
+    """A row per (setting, variant): METRICS as mean (min-max) over seeds, time and memory per machine (x softmax's)."""
     groups = {}
     for r in records:
         groups.setdefault((label(spec, r), r["variant"]), []).append(r)
@@ -195,70 +159,53 @@ def main(spec, argv=None):
     p.add_argument("--setting", choices=list(spec.SETTINGS), default=next(iter(spec.SETTINGS)))
     p.add_argument("--variants", nargs="+", default=getattr(spec, "DEFAULT_VARIANTS", list(spec.VARIANTS)))
     p.add_argument("--seeds", nargs="+", type=int, default=[1])
-    p.add_argument("--updates", type=int, help="train this many updates instead of the setting's: a probe, "
-                                                "kept in its own folder and reported as a group of its own")
+    p.add_argument("--updates", type=int, help="train this many updates instead of the setting's (a probe, reported apart)")
     p.add_argument("--work", type=Path, default=ROOT / spec.WORK, help="data and run folders (default %(default)s)")
     p.add_argument("--out", type=Path, default=ROOT / spec.OUT, help="the JSONL of the runs (default %(default)s)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU where a GPU is seen")
     p.add_argument("--progress", action="store_true", help="print a line per training log entry")
     p.add_argument("--report", action="store_true", help="print the table of the recorded runs and stop")
     if hasattr(spec, "rescore"):
-        p.add_argument("--rescore", action="store_true", help="score recorded runs again from their checkpoints "
-                       "(the spec's rescore), instead of training")
-    if hasattr(spec, "add_args"):
-        spec.add_args(p)
+        p.add_argument("--rescore", action="store_true", help="score the recorded runs again instead of training (alone on --out)")
+    getattr(spec, "add_args", lambda parser: None)(p)
     a = p.parse_args(argv)
-    unknown = [v for v in a.variants if v not in spec.VARIANTS]
-    if unknown:
+    if unknown := [v for v in a.variants if v not in spec.VARIANTS]:
         p.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(spec.VARIANTS)}")
     if a.updates is not None and a.updates < 1:
         p.error(f"--updates must be at least 1, got {a.updates}")
     if a.report:
-        print(report(spec, load(a.out)))
-        return
+        return print(report(spec, load(a.out)))
     s = dict(spec.SETTINGS[a.setting])
     a.probe = a.updates is not None and a.updates != s["updates"]
     a.updates = s["updates"] = a.updates or s["updates"]
     import torch
     a.name, a.gpu = spec.NAME, torch.cuda.is_available() and not a.cpu
+    a.cpu_flag = [] if a.gpu else ["--cpu"]
     a.work.mkdir(parents=True, exist_ok=True)
-    data = spec.prepare(a)
-    if getattr(a, "rescore", False):
-        return rescore(spec, s, data, a)
+    data, records = spec.prepare(a), load(a.out)
+    if getattr(a, "rescore", False):  # the chosen recorded runs whose folder is still there, --out rewritten after each
+        for r in (r for r in records if (r["setting"], r["updates"]) == (a.setting, a.updates) and r["variant"] in a.variants
+                  and r["seed"] in a.seeds):
+            out = folder(a, r["variant"], r["seed"])
+            if not out.is_dir():
+                print(f"[{spec.NAME}] {r['variant']} seed {r['seed']}: no folder {out}, left as recorded", flush=True)
+                continue
+            print(f"[{spec.NAME}] {a.setting} {r['variant']} seed {r['seed']}: rescoring", flush=True)
+            r.update(spec.rescore(r["variant"], s, r["seed"], data, out, a, r))
+            a.out.with_suffix(".tmp").write_text("".join(json.dumps(x) + "\n" for x in records))
+            a.out.with_suffix(".tmp").replace(a.out)
+        return
     for seed in a.seeds:
         for variant in a.variants:
             what = f"[{spec.NAME}] {a.setting} {variant} seed {seed}" + (f", {a.updates} updates" if a.probe else "")
-            if (a.setting, variant, seed, a.updates) in {(r["setting"], r["variant"], r["seed"], r["updates"])
-                                                          for r in load(a.out)}:
+            if (a.setting, variant, seed, a.updates) in {(r["setting"], r["variant"], r["seed"], r["updates"]) for r in load(a.out)}:
                 print(f"{what}: recorded, skipped", flush=True)
                 continue
             print(f"{what}: running", flush=True)
-            out = folder(a, variant, seed)
-            out.mkdir(parents=True, exist_ok=True)
+            (out := folder(a, variant, seed)).mkdir(parents=True, exist_ok=True)
             record = {"setting": a.setting, "variant": variant, "seed": seed, "updates": a.updates,
                       "train_threads": int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0))),
                       **spec.run_one(variant, s, seed, data, out, a)}
             with open(a.out, "a") as f:
                 f.write(json.dumps(record) + "\n")
-            print(f"{what}: {json.dumps({k: v for k, v in record.items() if k in [m[1] for m in spec.METRICS]})}",
-                  flush=True)
-
-
-def rescore(spec, s, data, a):
-    """Adds ``spec.rescore``'s fields to the recorded runs of ``a.variants`` and ``a.seeds`` whose
-    folder is still under --work (the others are left as they are), rewriting --out after each:
-    no queue may write the same --out meanwhile."""
-    records = load(a.out)
-    for r in records:
-        out = folder(a, r["variant"], r["seed"])
-        if (r["setting"], r["updates"]) != (a.setting, a.updates) or r["variant"] not in a.variants \
-                or r["seed"] not in a.seeds:
-            continue
-        if not out.is_dir():
-            print(f"[{spec.NAME}] {r['variant']} seed {r['seed']}: no folder {out}, left as recorded", flush=True)
-            continue
-        print(f"[{spec.NAME}] {a.setting} {r['variant']} seed {r['seed']}: rescoring", flush=True)
-        r.update(spec.rescore(r["variant"], s, r["seed"], data, out, a, r))
-        tmp = a.out.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(x) + "\n" for x in records))
-        tmp.replace(a.out)
+            print(f"{what}: {json.dumps({k: v for k, v in record.items() if k in [m[1] for m in spec.METRICS]})}", flush=True)

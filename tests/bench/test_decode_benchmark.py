@@ -8,7 +8,7 @@ from bench import decode, report
 from rfa_fairseq.modules.int8_linear import int_mm_takes_uint8
 from rfa_test_utils import USER_DIR, multi30k_bin, multi30k_lm_bin, run_cli
 
-TINY = ["--tiny", "--vocab", "60", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
+TINY = ["--tiny", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
