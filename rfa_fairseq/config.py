@@ -1,10 +1,5 @@
-"""The RFA flags, in one place: every ``--rfa-*`` option with its default, help text and checks.
-
-The translation model adds them to its argparse parser; the language model inherits them into its
-dataclass config (so hydra configs see them too). The choices between attentions are the models'
-(``models/rfa_encoder.py``, ``models/translation_config.py``, ``models/rfa_classifier.py``); the
-checks themselves are ``rfa_fairseq.validation``'s.
-"""
+"""The ``--rfa-*`` flags in one place, with their defaults, help and checks (``rfa_fairseq.validation``'s);
+the translation model adds them to its argparse parser, the language model's dataclass config inherits them."""
 from dataclasses import dataclass, field, fields
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -19,91 +14,52 @@ __all__ = ["RFAConfig", "RFA_FIELDS", "fill_rfa_defaults", "flag", "rfa_config_f
 
 @dataclass
 class RFAConfig(FairseqDataclass):
-    rfa_causal_feature_dim: int = field(
-        default=64,
-        metadata={"help": "random features D of causal (self) attention (the gaussian kernel's phi has 2D values)"},
-    )
-    rfa_cross_feature_dim: int = field(
-        default=128, metadata={"help": "number of random features D for cross (encoder-decoder) attention"}
-    )
-    rfa_kernel: ChoiceEnum(list(KERNELS)) = field(
-        default="gaussian",
-        metadata={"help": "feature map phi: gaussian (sin/cos random Fourier features, the paper's RFA), arccos "
-                          "(order-1 arc-cosine, ReLU features), favor (Performer's positive features, exp kernel) "
-                          "or elu (elu(x) + 1: no random features, head-dim values, no feature-dim flags)"},
-    )
-    rfa_random_matrix: ChoiceEnum(list(RANDOM_MATRICES)) = field(
-        default="orthogonal",
-        metadata={"help": "distribution of the random projection rows: i.i.d. gaussian, or orthogonal "
-                          "blocks with chi-distributed norms (lower variance)"},
-    )
-    rfa_fixed_features: bool = field(
-        default=False,
-        metadata={"help": "keep the decoder's random matrices drawn at build time for the whole of training, "
-                          "instead of drawing new ones at every update"},
-    )
-    rfa_gate: bool = field(
-        default=False, metadata={"help": "RFA-Gate: a learned recency gate on causal attention"}
-    )
-    rfa_gate_form: ChoiceEnum(list(GATE_FORMS)) = field(
-        default="convex",
-        metadata={"help": "with --rfa-gate: convex, the paper's S = g S + (1 - g) phi(k) v^T, or decay, "
-                          "S = g S + phi(k) v^T (the RFA slides, gated linear attention)"},
-    )
-    rfa_gate_bias: float = field(
-        default=2.0,
-        metadata={"help": "with --rfa-gate: initial gate bias; g starts near sigmoid(bias): 2 (g ~ 0.88, about eight "
-                          "tokens of memory, as rfa-doc-mt; better in our Multi30k study) or the paper's 0 (g ~ "
-                          "0.5, about two tokens)"},
-    )
-    rfa_init_sigma: float = field(
-        default=1.0,
-        metadata={"help": "initial learned per-head, per-dimension scale sigma (the inverse kernel width: "
-                          "attention logits ~ sigma^2 q.k on unit q, k)"},
-    )
-    rfa_eps: float = field(
-        default=DEFAULT_EPS,
-        metadata={"help": "lower clamp of the RFA denominator phi(q).z, in fp32 (compared with the authors' "
-                          "floor in rfa_fairseq/ops/denominator.py)"},
-    )
-    rfa_cross_abs_denominator: bool = field(
-        default=False,
-        metadata={"help": "cross attention clamps |phi(q).z| instead of phi(q).z, as the authors' code does"},
-    )
-    rfa_cross_norm_rescale: bool = field(
-        default=False,
-        metadata={"help": "cross attention weights each key's features by exp(|k|^2 / 2 head_dim), so that its "
-                          "norm (dropped by the unit normalisation) sets its weight (rfa-doc-mt's --norm-rescale)"},
-    )
-    rfa_chunk_size: int = field(
-        default=DEFAULT_CHUNK_SIZE,
-        metadata={"help": "chunk length of the chunked parallel form of causal RFA used in training"},
-    )
-    rfa_local_window: int = field(
-        default=0,
-        metadata={"help": "causal RFA weighs each query's last W keys by the exact kernel its random features "
-                          "estimate, older keys by the features; decoding keeps those W keys beside the state "
-                          "(0: off; docs/quality.md)"},
-    )
-    rfa_backend: ChoiceEnum(list(BACKENDS)) = field(
-        default="auto",
-        metadata={"help": "kernels of causal RFA in training and scoring: torch (the chunked form, any device), fla "
-                          "(flash-linear-attention's Triton kernels: pip install .[gpu]) or auto (fla on a CUDA "
-                          "device where fla-core is installed and its Triton is one fla trains with, else torch; "
-                          "docs/benchmarks.md). Decoding steps and --rfa-local-window are torch's"},
-    )
-    rfa_recompute: bool = field(
-        default=False,
-        metadata={"help": "in training, keep only the input of every causal RFA attention (q, k, v of cross "
-                          "attention) for the backward pass, which computes the rest again, also below "
-                          "--rfa-recompute-segment (docs/benchmarks.md)"},
-    )
-    rfa_recompute_segment: int = field(
-        default=DEFAULT_RECOMPUTE_SEGMENT,
-        metadata={"help": "in training, causal RFA recomputes a longer sequence segment by segment, keeping only "
-                          "each segment's input and entering state: memory grows with the length by the input "
-                          "alone (0: no segments, every intermediate kept unless --rfa-recompute)"},
-    )
+    rfa_causal_feature_dim: int = field(default=64, metadata={
+        "help": "random features D of causal (self) attention (the gaussian kernel's phi has 2D values)"})
+    rfa_cross_feature_dim: int = field(default=128, metadata={
+        "help": "number of random features D for cross (encoder-decoder) attention"})
+    rfa_kernel: ChoiceEnum(list(KERNELS)) = field(default="gaussian", metadata={
+        "help": "feature map phi: gaussian (sin/cos random Fourier features, the paper's RFA), arccos "
+                "(order-1 arc-cosine, ReLU features), favor (Performer's positive features, exp kernel) "
+                "or elu (elu(x) + 1: no random features, head-dim values, no feature-dim flags)"})
+    rfa_random_matrix: ChoiceEnum(list(RANDOM_MATRICES)) = field(default="orthogonal", metadata={
+        "help": "random projection rows: i.i.d. gaussian, or orthogonal blocks with chi norms (lower variance)"})
+    rfa_fixed_features: bool = field(default=False, metadata={
+        "help": "keep the decoder's random matrices drawn at build time, instead of new draws every update"})
+    rfa_gate: bool = field(default=False, metadata={"help": "RFA-Gate: a learned recency gate on causal attention"})
+    rfa_gate_form: ChoiceEnum(list(GATE_FORMS)) = field(default="convex", metadata={
+        "help": "with --rfa-gate: convex, the paper's S = g S + (1 - g) phi(k) v^T, or decay, "
+                "S = g S + phi(k) v^T (the RFA slides, gated linear attention)"})
+    rfa_gate_bias: float = field(default=2.0, metadata={
+        "help": "with --rfa-gate: initial gate bias; g starts near sigmoid(bias): 2 (g ~ 0.88, about eight tokens "
+                "of memory; better in our Multi30k study) or the paper's 0 (g ~ 0.5, about two tokens)"})
+    rfa_init_sigma: float = field(default=1.0, metadata={
+        "help": "initial learned per-head, per-dimension scale sigma (the inverse kernel width: "
+                "attention logits ~ sigma^2 q.k on unit q, k)"})
+    rfa_eps: float = field(default=DEFAULT_EPS, metadata={
+        "help": "lower clamp of the RFA denominator phi(q).z, in fp32 (compared with the authors' "
+                "floor in rfa_fairseq/ops/denominator.py)"})
+    rfa_cross_abs_denominator: bool = field(default=False, metadata={
+        "help": "cross attention clamps |phi(q).z| instead of phi(q).z, as the authors' code does"})
+    rfa_cross_norm_rescale: bool = field(default=False, metadata={
+        "help": "cross attention weights each key's features by exp(|k|^2 / 2 head_dim), so that its "
+                "norm (dropped by the unit normalisation) sets its weight (rfa-doc-mt's --norm-rescale)"})
+    rfa_chunk_size: int = field(default=DEFAULT_CHUNK_SIZE, metadata={
+        "help": "chunk length of the chunked parallel form of causal RFA used in training"})
+    rfa_local_window: int = field(default=0, metadata={
+        "help": "causal RFA weighs each query's last W keys by the exact kernel its random features estimate, "
+                "older keys by the features; decoding keeps those W keys beside the state (0: off; docs/quality.md)"})
+    rfa_backend: ChoiceEnum(list(BACKENDS)) = field(default="auto", metadata={
+        "help": "kernels of causal RFA in training and scoring: torch (the chunked form, any device), fla "
+                "(flash-linear-attention's Triton kernels: pip install .[gpu]) or auto (fla on a CUDA device "
+                "with fla-core and a Triton fla trains with, else torch; docs/benchmarks.md); decoding steps "
+                "and --rfa-local-window are torch's"})
+    rfa_recompute: bool = field(default=False, metadata={
+        "help": "in training, keep only each causal RFA attention's input (cross attention's q, k, v) for the "
+                "backward pass, which recomputes the rest (also below --rfa-recompute-segment; docs/benchmarks.md)"})
+    rfa_recompute_segment: int = field(default=DEFAULT_RECOMPUTE_SEGMENT, metadata={
+        "help": "in training, causal RFA recomputes a longer sequence segment by segment, keeping only each "
+                "segment's input and entering state (0: no segments, all intermediates kept unless --rfa-recompute)"})
 
 
 RFA_FIELDS = tuple(f.name for f in fields(RFAConfig) if f.name.startswith("rfa_"))
@@ -130,8 +86,7 @@ def fill_rfa_defaults(args):
 
 
 def rfa_config_from(args) -> RFAConfig:
-    """Read and validate the ``rfa_*`` options from a namespace, dataclass or DictConfig. Raises ValueError
-    naming the offending flag."""
+    """The ``rfa_*`` options of a namespace, dataclass or DictConfig, validated (ValueError names a bad flag)."""
     values = read_fields(RFAConfig, args)
     for name in ("rfa_causal_feature_dim", "rfa_cross_feature_dim", "rfa_chunk_size"):
         positive_int(flag(name), values[name])

@@ -1,22 +1,12 @@
 """A decoding step replayed as one CUDA graph (``--cuda-graphs``).
 
-A decoding step of a small batch is hundreds of small kernels, each launched from Python: on a GPU the
-launches, not the arithmetic, set its time. RFA's decoding state never changes size, so the step
-(:meth:`RFATransformerDecoder.forward_step`) can be captured once as a CUDA graph and replayed with one
-launch, as Mamba's generation does with its static cache.
-
-A graph reads and writes the memory it was captured on. So a graph here is keyed by the batch size and
-by the address, shape and dtype of every tensor of the incremental state (and of the position table):
-a step whose state lies where a graph's did replays that graph, after copying its tokens and position
-into the graph's input buffers. Beam search's reorder alternates the causal states between two buffers
-(``CausalRFAttention.reorder_incremental_state``), so a batch size takes two graphs; a finished sentence
-shrinks the batch and moves the states, and the new layout is captured when it is seen a second time
-(a layout seen once runs eagerly). At most ``max_graphs`` are kept, the least recently used dropped.
-
-Capture runs the step once on copies of the state (a warm-up on a side stream: CUDA's lazy
-initialisation must not happen under capture), then records it on the live state without running it;
-the replay is the step. On the CPU, and under autograd, steps run eagerly. A local window's ring
-(``--rfa-local-window``) is state like any other: its position is a tensor, advanced in place.
+A small batch's decoding step is hundreds of small kernels whose launches set its time on a GPU. RFA's state never
+changes size, so the step (:meth:`RFATransformerDecoder.forward_step`) is captured once and replayed with one
+launch. A graph reads and writes the memory it was captured on: it is keyed by the batch size and the address, shape
+and dtype of every state tensor (and of the position table). Beam search's reorder alternates the causal states
+between two buffers, so a batch size takes two graphs; a layout is captured when seen a second time (once: eager).
+Capture warms up on copies of the state on a side stream (CUDA's lazy initialisation must not happen under capture),
+then records the step on the live state without running it. On the CPU and under autograd, steps run eagerly.
 """
 from collections import OrderedDict
 from typing import Callable, Optional
@@ -52,10 +42,16 @@ def capture_cuda_graph(step: Callable[[], Tensor], warmup: Callable[[], Tensor],
 
 class StepGraphs:
     """CUDA graphs of ``decoder.forward_step`` (an :class:`RFATransformerDecoder`'s), one per batch size and state
-    layout (see the module docstring), at most ``max_graphs``."""
+    layout (see the module docstring), at most ``max_graphs`` (the least recently used dropped)."""
 
     def __init__(self, decoder: nn.Module, max_graphs: int = 16):
-        check_capturable(decoder)
+        if not hasattr(decoder, "forward_step"):
+            raise ValueError("--cuda-graphs replays RFA's fixed-size decoding step: it needs an RFA decoder "
+                             "(not --decoder-attention softmax, whose cache grows every step)")
+        if not isinstance(decoder.embed_tokens, nn.Embedding):
+            raise ValueError(f"--cuda-graphs: the token embedding {type(decoder.embed_tokens).__name__} "
+                             "(--adaptive-input, --character-embeddings) reads its masks back to the host and cannot "
+                             "be captured")
         self.decoder, self.max_graphs = decoder, max_graphs
         self.graphs: "OrderedDict[tuple, tuple]" = OrderedDict()  # key -> (tokens buffer, position buffer, replay)
         self.seen_once: set = set()
@@ -77,8 +73,8 @@ class StepGraphs:
             try:
                 entry = self.graphs[key] = self._capture(tokens, position, encoder_out, incremental_state)
             except RuntimeError as e:
-                raise RuntimeError(f"--cuda-graphs: capturing the decoding step of {tokens.size(0)} rows failed ({e}); "
-                                   "decode without --cuda-graphs") from e
+                raise RuntimeError(f"--cuda-graphs: capturing the decoding step of {tokens.size(0)} rows failed "
+                                   f"({e}); decode without --cuda-graphs") from e
             if len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)
         self.graphs.move_to_end(key)
@@ -105,12 +101,3 @@ class StepGraphs:
                                     lambda: step(token_buffer, position_buffer, encoder_out, copies), self.pool)
         return token_buffer, position_buffer, replay
 
-
-def check_capturable(decoder: nn.Module):
-    """Refuse, by name, what a graph of the step cannot replay."""
-    if not hasattr(decoder, "forward_step"):
-        raise ValueError("--cuda-graphs replays RFA's fixed-size decoding step: it needs an RFA decoder "
-                         "(not --decoder-attention softmax, whose cache grows every step)")
-    if not isinstance(decoder.embed_tokens, nn.Embedding):
-        raise ValueError(f"--cuda-graphs: the token embedding {type(decoder.embed_tokens).__name__} (--adaptive-input, "
-                         "--character-embeddings) reads its masks back to the host and cannot be captured")

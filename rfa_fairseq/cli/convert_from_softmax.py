@@ -3,13 +3,10 @@
     rfa-convert-from-softmax --input softmax.pt --output rfa.pt [--rfa-gate] [--rfa-* ...]
     fairseq-train DATA --user-dir rfa_fairseq --finetune-from-model rfa.pt --arch <printed arch> ...
 
-Kasai et al. (2021, "Finetuning Pretrained Transformers into RNNs") swap a pretrained transformer's
-attention and finetune briefly. This script does the swap for fairseq ``transformer*`` (translation)
-and ``transformer_lm*`` checkpoints: the output is a checkpoint of the RFA architecture of the same
-name (``rfa_`` + the source's, or the base ``rfa_transformer`` / ``rfa_transformer_lm`` with the
-source's dimensions), with the source's dictionaries and task arguments and every shared weight
-copied. The RFA parameters (sigma, random matrices, gate) are initialised as in a new model, seeded
-by ``--seed``; the optimizer state is dropped: it belonged to other parameters.
+The swap of Kasai et al. (2021, "Finetuning Pretrained Transformers into RNNs") for fairseq ``transformer*`` and
+``transformer_lm*`` checkpoints: the RFA architecture ``rfa_`` + the source's (else the base one with its
+dimensions), its task arguments and every shared weight copied; the RFA parameters (sigma, random matrices, gate)
+initialised as in a new model, seeded by ``--seed``; the optimizer state, which belonged to other parameters, dropped.
 """
 import argparse
 import sys
@@ -73,8 +70,8 @@ def rfa_arch_for(model_cfg, weights) -> str:
     if source not in BASE_RFA_ARCH:
         raise ConversionError(
             f"arch {arch!r} ({getattr(source, '__name__', 'not a registered fairseq architecture')}) is not a fairseq "
-            "softmax transformer: rfa-convert-from-softmax converts transformer* (translation) and transformer_lm* checkpoints"
-        )
+            "softmax transformer: rfa-convert-from-softmax converts transformer* (translation) and transformer_lm* "
+            "checkpoints")
     twin = "rfa_" + arch
     return twin if twin in ARCH_MODEL_REGISTRY else BASE_RFA_ARCH[source]
 
@@ -91,7 +88,8 @@ def _vocab_size(weights, prefix: str) -> int:
     for key in (f"{prefix}.embed_tokens.weight", f"{prefix}.output_projection.weight"):
         if key in weights:
             return weights[key].size(0)
-    bands = [v for k, v in weights.items() if k.startswith(f"{prefix}.embed_tokens.embeddings.") and k.endswith(".0.weight")]
+    bands = [v for k, v in weights.items()
+             if k.startswith(f"{prefix}.embed_tokens.embeddings.") and k.endswith(".0.weight")]
     if bands:  # adaptive input: one embedding per frequency band
         return sum(b.size(0) for b in bands)
     raise ConversionError(f"cannot tell the vocabulary size of {prefix} (no embedding or output projection)")
@@ -162,21 +160,16 @@ def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | 
     to_container = lambda c: OmegaConf.to_container(c, resolve=True, enum_to_str=True)  # noqa: E731
     out_cfg = to_container(cfg)
     out_cfg["model"] = to_container(rfa_cfg) if OmegaConf.is_config(rfa_cfg) else rfa_cfg
+    last = state["optimizer_history"][-1]
     checkpoint = {
-        "args": None,
-        "cfg": out_cfg,
-        "model": model.state_dict(),
-        "criterion": None,
+        "args": None, "cfg": out_cfg, "model": model.state_dict(), "criterion": None,
         # fairseq's loader expects one history entry; update 0: finetuning starts here
-        "optimizer_history": [{
-            "criterion_name": state["optimizer_history"][-1].get("criterion_name", "CrossEntropyCriterion"),
-            "optimizer_name": state["optimizer_history"][-1].get("optimizer_name", "FairseqAdam"),
-            "lr_scheduler_state": {"best": None},
-            "num_updates": 0,
-        }],
+        "optimizer_history": [{"criterion_name": last.get("criterion_name", "CrossEntropyCriterion"),
+                               "optimizer_name": last.get("optimizer_name", "FairseqAdam"),
+                               "lr_scheduler_state": {"best": None}, "num_updates": 0}],
         "task_state": {},
-        "extra_state": {"train_iterator": {"epoch": 1, "iterations_in_epoch": 0},
-                        "converted_from_softmax": {"arch": str(_get(source_cfg, "_name") or _get(source_cfg, "arch"))}},
+        "extra_state": {"train_iterator": {"epoch": 1, "iterations_in_epoch": 0}, "converted_from_softmax": {
+            "arch": str(_get(source_cfg, "_name") or _get(source_cfg, "arch"))}},
     }
     return checkpoint, target, rfa_only
 

@@ -1,19 +1,13 @@
 """What a trained RFA model's attention does on a data split, layer by layer.
 
-    rfa-diagnostics DATA_BIN --path checkpoint_best.pt [--gen-subset valid]
-        [--max-tokens 4000] [--max-batches N] [--json out.json]
-
-Runs the model over the split as in training (teacher forcing, eval mode, no gradients) and
-prints for every RFA attention module of the decoder:
+Runs a translation or language model over the split as in training (teacher forcing, eval mode, no
+gradients; the task from the checkpoint) and prints for every RFA attention module:
 
 - sigma, the learned scale of queries and keys (mean, min, max over heads and dimensions):
   attention logits grow like sigma^2, so sigma near 1 means nearly uniform attention;
 - the mean gate g over real (non-padding) tokens, for RFA-Gate: about 1 / (1 - g) tokens of memory;
 - how often the denominator phi(q).z fell below --rfa-eps and was clamped (and how often it was
   negative), in percent of the query positions times heads it was computed for.
-
-Works for the translation models (``rfa_transformer``) and the language models
-(``rfa_transformer_lm``); the task and its options come from the checkpoint.
 """
 import argparse
 import functools
@@ -26,7 +20,8 @@ USER_DIR = str(Path(__file__).resolve().parents[1])  # the rfa_fairseq package: 
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="rfa-diagnostics", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="rfa-diagnostics", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("data", help="the fairseq-preprocess output directory")
     p.add_argument("--path", required=True, help="checkpoint file")
     p.add_argument("--gen-subset", default="valid", help="split to run over (default: valid)")
@@ -53,8 +48,7 @@ def main(argv=None):
     itr = task.get_batch_iterator(
         dataset=task.dataset(args.gen_subset), max_tokens=args.max_tokens,
         max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
-        ignore_invalid_inputs=True, seed=1,
-    ).next_epoch_itr(shuffle=False)
+        ignore_invalid_inputs=True, seed=1).next_epoch_itr(shuffle=False)
 
     gate_sum = {name: 0.0 for name, m in modules.items() if getattr(m, "gated", False)}
     gate_count = {name: 0 for name in gate_sum}
@@ -62,9 +56,8 @@ def main(argv=None):
     real = {}  # the current batch's non-padding positions, [T, B, 1]
 
     def count_denominators(mod, args_, kwargs, out, name):
-        """Run the module's op again from its inputs with values of ones: the output is then
-        den / guard(den), 1 where the denominator was not clamped, below 1 where it was, negative
-        where it was negative."""
+        """Run the module's op again from its inputs with values of ones: the output is then den / guard(den),
+        1 where the denominator was not clamped, below 1 where it was, negative where it was negative."""
         query = kwargs["query"] if "query" in kwargs else args_[0]  # fairseq's layers pass it by name
         key_padding_mask = kwargs.get("key_padding_mask")
         if isinstance(mod, CausalRFAttention):
@@ -113,9 +106,7 @@ def main(argv=None):
             "sigma_mean": sigma.mean().item(), "sigma_min": sigma.min().item(), "sigma_max": sigma.max().item(),
             "mean_gate": gate_sum[name] / max(gate_count[name], 1) if name in gate_sum else None,
             "clamped_pct": 100.0 * clamped[name] / max(seen[name], 1),
-            "negative_pct": 100.0 * negative[name] / max(seen[name], 1),
-            "denominators": seen[name],
-        })
+            "negative_pct": 100.0 * negative[name] / max(seen[name], 1), "denominators": seen[name]})
     print(f"{args.path} on {args.gen_subset} ({batches} batches), eps {modules[next(iter(modules))].eps}")
     print(f"{'module':42s} {'sigma mean [min, max]':>24s} {'mean gate':>9s} {'clamped %':>9s} {'neg %':>7s}")
     for r in rows:

@@ -4,11 +4,10 @@
     rfa-redraw-features CKPT OUT --seed 2 --causal-feature-dim 256 --cross-feature-dim 512
     rfa-redraw-features CKPT OUT --seed 2 --feature-scale 4     # 4x the features of each
 
-A trained model decodes with the random matrices saved in its checkpoint. Decoding it with other
-draws (``--seed``) shows how much of its BLEU or perplexity depends on the feature noise; more
-features (``--*-feature-dim``) lower that noise at a higher decoding cost. Only the decoder's matrices
-are redrawn, as in training (the checkpoint's ``--rfa-random-matrix``), seeded from ``--seed`` and the
-module; everything else (weights, sigma, optimizer state, a linear encoder's matrices) is kept.
+Decoding with other draws (--seed) shows how much of a model's BLEU or perplexity depends on the feature
+noise; more features (--*-feature-dim) lower that noise at a higher decoding cost. Only the decoder's
+matrices are redrawn, as in training (the checkpoint's --rfa-random-matrix, seeded from --seed and the
+module); all else (weights, sigma, optimizer state, a linear encoder's matrices) is kept.
 """
 import argparse
 
@@ -22,16 +21,12 @@ from ..validation import positive_int
 SUFFIX = ".feature_map.random_matrix"
 
 
-def model_args(state):
-    cfg = state.get("cfg") or {}
-    args = cfg.get("model") if isinstance(cfg, dict) else getattr(cfg, "model", None)
-    return args if args is not None else state.get("args")
-
-
 def redraw(state: dict, seed: int, causal_dim=None, cross_dim=None, scale: int = 1) -> int:
     """Redraw every random matrix of ``state`` (a loaded checkpoint) in place, with ``causal_dim``
     and ``cross_dim`` random rows (default: ``scale`` times the saved number); returns how many."""
-    args = model_args(state)
+    cfg = state.get("cfg") or {}
+    args = cfg.get("model") if isinstance(cfg, dict) else getattr(cfg, "model", None)
+    args = state.get("args") if args is None else args  # a legacy checkpoint's
     kind = args.get("rfa_random_matrix") if isinstance(args, dict) else getattr(args, "rfa_random_matrix", None)
     if kind is None:
         raise ValueError("this checkpoint has no RFA model arguments (not an rfa_fairseq model?)")
@@ -61,7 +56,8 @@ def redraw(state: dict, seed: int, causal_dim=None, cross_dim=None, scale: int =
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="rfa-redraw-features", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="rfa-redraw-features", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
     p.add_argument("out")
     p.add_argument("--seed", type=int, required=True, help="seed of the new draws")

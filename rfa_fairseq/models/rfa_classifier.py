@@ -1,19 +1,13 @@
 """Long-text classification: model ``rfa_classifier`` and its Long Range Arena architectures.
 
-An encoder-only transformer (the translation model's encoder, with its ``--encoder-attention``:
-``rfa_encoder.EncoderAttentionConfig``), a pooling of its output and an MLP head, trained and
-evaluated with fairseq's own ``sentence_prediction`` task and criterion::
+An encoder-only transformer (the translation model's encoder, with its ``--encoder-attention``), a pooling of its
+output and an MLP head, for fairseq's own ``sentence_prediction`` task and criterion (``fairseq-train DATA
+--user-dir rfa_fairseq --task sentence_prediction --criterion sentence_prediction --num-classes 10 --arch
+rfa_classifier_lra_listops --encoder-attention rfa ...``).
 
-    fairseq-train DATA --user-dir rfa_fairseq --task sentence_prediction --num-classes 10 \\
-        --criterion sentence_prediction --arch rfa_classifier_lra_listops --encoder-attention rfa ...
-    fairseq-validate DATA --user-dir rfa_fairseq --task sentence_prediction --path checkpoint_best.pt ...
-
-Two documents (LRA's Retrieval): the task joins ``input0`` and ``input1`` into one row ``doc1 </s>
-[separator] doc2 </s>``; ``--classifier-head dual`` cuts each row after its first ``</s>``, encodes
-both documents as one batch of 2B rows and feeds the MLP their pooled vectors as [u, v, u*v, u-v]
-(``--pair-interaction nli``, the LRA paper's description) or [u, v] (``concat``, LRA's released code).
-Pooling ``mean`` averages over the non-padding positions only (LRA's code includes the padding), so
-the pooled vector does not depend on how much padding a batch adds. ``src_tokens`` are right-padded.
+Two documents (LRA's Retrieval): the task joins ``input0`` and ``input1`` into one row ``doc1 </s> [separator]
+doc2 </s>`` (right-padded), which ``--classifier-head dual`` cuts in two. Pooling ``mean`` averages over the
+non-padding positions only (LRA's code includes the padding), so no pooled vector depends on a batch's padding.
 """
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
@@ -39,7 +33,6 @@ PAIR_INTERACTIONS = ("nli", "concat")
 @dataclass
 class RFAClassifierConfig(EncoderAttentionConfig):
     """The classifier's flags: the encoder's attention choices and sizes, the pooling and the head."""
-
     encoder_layers: int = field(default=4, metadata={"help": "number of encoder layers"})
     encoder_embed_dim: int = field(default=256, metadata={"help": "encoder embedding (model) dimension"})
     encoder_ffn_embed_dim: int = field(default=1024, metadata={"help": "encoder feed-forward inner dimension"})
@@ -51,20 +44,15 @@ class RFAClassifierConfig(EncoderAttentionConfig):
     dropout: float = field(default=0.1, metadata={"help": "dropout probability"})
     attention_dropout: float = field(default=0.1, metadata={"help": "dropout probability of attention weights"})
     activation_dropout: float = field(default=0.0, metadata={"help": "dropout probability after the FFN activation"})
-    classifier_pooling: ChoiceEnum(list(POOLINGS)) = field(
-        default="cls",
-        metadata={"help": "what the head reads: cls (the first position, <s>: --init-token 0) or mean (the mean "
-                          "over the non-padding positions)"},
-    )
-    classifier_head: ChoiceEnum(list(CLASSIFIER_HEADS)) = field(
-        default="single",
-        metadata={"help": "single: one text per example; dual: two documents (input0 and input1), encoded by the "
-                          "same encoder and compared (LRA's Retrieval)"},
-    )
-    pair_interaction: ChoiceEnum(list(PAIR_INTERACTIONS)) = field(
-        default="nli",
-        metadata={"help": "with --classifier-head dual: the head reads [u, v, u*v, u-v] (nli) or [u, v] (concat)"},
-    )
+    classifier_pooling: ChoiceEnum(list(POOLINGS)) = field(default="cls", metadata={
+        "help": "what the head reads: cls (the first position, <s>: --init-token 0) or mean (the mean "
+                "over the non-padding positions)"})
+    classifier_head: ChoiceEnum(list(CLASSIFIER_HEADS)) = field(default="single", metadata={
+        "help": "single: one text per example; dual: two documents (input0 and input1), encoded by the "
+                "same encoder and compared (LRA's Retrieval)"})
+    # nli: the LRA paper's description; concat: LRA's released code
+    pair_interaction: ChoiceEnum(list(PAIR_INTERACTIONS)) = field(default="nli", metadata={
+        "help": "with --classifier-head dual: the head reads [u, v, u*v, u-v] (nli) or [u, v] (concat)"})
     classifier_mlp_dim: int = field(default=0, metadata={"help": "head MLP size (0: --encoder-ffn-embed-dim, as LRA)"})
     max_positions: int = II("task.max_positions")
 
@@ -142,8 +130,7 @@ class RFAClassifierModel(BaseFairseqModel):
         mlp_dim = inner_dim or self.args.classifier_mlp_dim or self.args.encoder_ffn_embed_dim
         self.classification_heads[name] = ClassificationHead(
             self.args.encoder_embed_dim, mlp_dim, num_classes,
-            pair_interaction=str(self.args.pair_interaction) if self.dual else None,
-        )
+            pair_interaction=str(self.args.pair_interaction) if self.dual else None)
 
     def pooled(self, src_tokens: Tensor) -> Tensor:
         """Encode Batch x Time tokens and pool them to Batch x Channel."""

@@ -1,13 +1,5 @@
-"""The RFA decoder shared by both model families (fairseq's TransformerDecoder with RFA layers), and
-the translation model's softmax decoder (``--decoder-attention softmax``), fairseq's own.
-
-The builders are overridden, and fairseq's layers, embeddings, output projections and incremental-decoding
-protocol are used as they are (Time x Batch x Channel inside layers). The RFA decoder adds two forwards of its
-own: a stateful LM's next block (``stream_state``), and the decoding step after the first
-(:meth:`RFATransformerDecoder.forward_step`, which a CUDA graph can replay: ``rfa_fairseq/step_graphs.py``). Softmax
-cross attention, in either decoder, is :class:`SoftmaxCrossAttention`: fairseq's, with one copy of
-the source's keys and values per sentence in beam search.
-"""
+"""The RFA decoder of both model families (fairseq's TransformerDecoder with RFA layers: only the builders are
+overridden, and two forwards added), and the translation model's softmax decoder (``--decoder-attention softmax``)."""
 from typing import Optional
 
 import torch
@@ -26,8 +18,8 @@ RFA_CHECKPOINT_VERSION = 1
 
 
 class SoftmaxTransformerDecoderLayer(TransformerDecoderLayerBase):
-    """fairseq's decoder layer, its cross attention a :class:`SoftmaxCrossAttention` (one copy of
-    the source's keys and values per sentence in beam search; the same weights)."""
+    """fairseq's decoder layer, its cross attention a :class:`SoftmaxCrossAttention` (the same weights; one copy of
+    the source's keys and values per sentence in beam search)."""
 
     def build_encoder_attention(self, embed_dim, cfg):
         return SoftmaxCrossAttention(  # the arguments of fairseq's builder
@@ -37,8 +29,7 @@ class SoftmaxTransformerDecoderLayer(TransformerDecoderLayerBase):
 
 
 class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
-    """A fairseq decoder layer whose self-attention is RFA, and its cross attention RFA or, with
-    ``cross_attention="softmax"``, fairseq's own (:class:`SoftmaxTransformerDecoderLayer`)."""
+    """A fairseq decoder layer with RFA self-attention, its cross attention RFA or ``"softmax"`` (the parent's)."""
 
     def __init__(self, cfg, rfa: RFAConfig, layer_idx: int, no_encoder_attn: bool = False,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, cross_attention: str = "rfa"):
@@ -64,8 +55,7 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
             self._feature_map(cfg, rfa.rfa_causal_feature_dim, feature_map_id(self.layer_idx, cross=False)),
             gate=rfa.rfa_gate, gate_form=rfa.rfa_gate_form, gate_bias=rfa.rfa_gate_bias, eps=rfa.rfa_eps,
             chunk_size=rfa.rfa_chunk_size, recompute=rfa.rfa_recompute, recompute_segment=rfa.rfa_recompute_segment,
-            local_window=rfa.rfa_local_window, backend=rfa.rfa_backend,
-        )
+            local_window=rfa.rfa_local_window, backend=rfa.rfa_backend)
 
     def build_encoder_attention(self, embed_dim, cfg):
         if self.cross_attention == "softmax":
@@ -75,18 +65,14 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
             embed_dim, cfg.decoder.attention_heads,
             self._feature_map(cfg, rfa.rfa_cross_feature_dim, feature_map_id(self.layer_idx, cross=True)),
             kdim=cfg.encoder.embed_dim, eps=rfa.rfa_eps, abs_denominator=rfa.rfa_cross_abs_denominator,
-            norm_rescale=rfa.rfa_cross_norm_rescale, recompute=rfa.rfa_recompute,
-        )
+            norm_rescale=rfa.rfa_cross_norm_rescale, recompute=rfa.rfa_recompute)
 
 
 class SoftmaxTransformerDecoder(TransformerDecoderBase):
-    """fairseq's transformer decoder (``--decoder-attention softmax``) with
-    :class:`SoftmaxTransformerDecoderLayer` layers; ``set_beam_size`` tells every attention module the beam.
-
-    While decoding no layer returns its cross-attention weights unless ``decoding_attention`` is set:
-    the SequenceGenerator keeps them in a beam x source x output buffer copied after every step (as
-    costly as the step at long sources) for ``hypo["attention"]``, which fairseq's tools do not read.
-    Training and scoring forwards return them as fairseq does."""
+    """fairseq's transformer decoder (``--decoder-attention softmax``) with :class:`SoftmaxTransformerDecoderLayer`
+    layers. While decoding no layer returns its cross-attention weights unless ``decoding_attention`` is set: the
+    SequenceGenerator copies them, beam x source x output, after every step (as costly as the step at long sources)
+    for ``hypo["attention"]``, which fairseq's tools do not read. Training and scoring forwards return them."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None,
                  decoding_attention: bool = False):
@@ -129,14 +115,11 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
                 stream_state: Optional[IncrementalState] = None, **kwargs):
-        """fairseq's forward; with ``stream_state`` (a stateful LM: a dict in fairseq's incremental-state
-        layout, ``{}`` at a stream's start), ``prev_output_tokens [B, T]`` is the next block of B text streams:
-        every causal RFA layer continues its state there (not detached). Positions restart at the block.
-        A decoding step after the first goes through :meth:`forward_step` (replayed as a CUDA graph with
-        ``step_graphs``); the first step, which builds the states, is fairseq's."""
+        """fairseq's forward; with ``stream_state`` (a stateful LM: a dict in fairseq's incremental-state layout,
+        ``{}`` at a stream's start), ``prev_output_tokens [B, T]`` is the next block of B text streams: every causal
+        RFA layer continues its state there (not detached), positions restart at the block. A decoding step after
+        the first that asks only for the output is :meth:`forward_step` (replayed as a CUDA graph by step_graphs)."""
         if stream_state is None:
-            # a decoding step after the first, with nothing asked of it but the output (the first builds the
-            # states; attention weights are fairseq's to return)
             if incremental_state and not (features_only or kwargs or self.decoding_attention):
                 tokens, position = prev_output_tokens[:, -1:], self._position_index(prev_output_tokens)
                 out = None if self.step_graphs is None else self.step_graphs(tokens, position, encoder_out,
@@ -157,15 +140,13 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         x = self._features(x)
         return (x if features_only else self.output_layer(x)), {"attn": [None], "inner_states": [x]}
 
-    def forward_step(self, tokens: Tensor, position: Tensor, encoder_out, incremental_state: IncrementalState) -> Tensor:
-        """One decoding step after the first: ``tokens [B, 1]`` (a pad neither writes nor decays a state) at ``position`` (``[1]``, the row of
-        the position table: ``padding_idx`` + the tokens so far), every layer's state already in
-        ``incremental_state``. Returns ``output_layer``'s output ``[B, 1, V]``, as fairseq's forward.
-
-        Graph-ready: it writes the causal states in place, reads the source only through the cross
-        attention's state (``encoder_out`` is passed on for fairseq's layer, which skips cross attention
-        without it, and is not read), reads no value back to the host and keeps nothing it allocates, so a
-        CUDA graph of it replays a step exactly (``models/step_graphs.py``)."""
+    def forward_step(self, tokens: Tensor, position: Tensor, encoder_out,
+                     incremental_state: IncrementalState) -> Tensor:
+        """One decoding step after the first: ``tokens [B, 1]`` (a pad neither writes nor decays a state) at
+        ``position`` (``[1]``, the position table's row: ``padding_idx`` + the tokens so far), every layer's state
+        in ``incremental_state``: ``output_layer``'s ``[B, 1, V]``. Graph-ready: it writes the causal states in
+        place, reads the source only through the cross attention's state (``encoder_out``, unread, tells fairseq's
+        layer to run cross attention), reads nothing back to the host and keeps nothing it allocates."""
         positions = None
         if self.embed_positions is not None:
             positions = self._position_table().index_select(0, position)  # [1, C], the same for every row
@@ -229,16 +210,13 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
             softmax_key = prefix + "layers.0.self_attn.k_proj.weight"
             rfa_key = prefix + "layers.0.self_attn.feature_map.sigma"
             if softmax_key in state_dict and rfa_key not in state_dict:
-                raise RuntimeError(
-                    "this checkpoint holds a softmax-attention decoder; an RFA architecture cannot "
-                    "load it without an explicit conversion (its attention has no random features): "
-                    "rfa-convert-from-softmax --input SOFTMAX.pt --output RFA.pt [--rfa-gate] "
-                    "writes the RFA model with every shared weight copied, ready for --finetune-from-model"
-                )
+                raise RuntimeError("this checkpoint holds a softmax-attention decoder; an RFA architecture cannot "
+                                   "load it without an explicit conversion (its attention has no random features): "
+                                   "rfa-convert-from-softmax --input SOFTMAX.pt --output RFA.pt [--rfa-gate] "
+                                   "writes the RFA model with every shared weight copied, ready for "
+                                   "--finetune-from-model")
             state_dict[version_key] = torch.tensor([RFA_CHECKPOINT_VERSION])
         elif int(state_dict[version_key][0]) > RFA_CHECKPOINT_VERSION:
-            raise RuntimeError(
-                f"checkpoint RFA format version {int(state_dict[version_key][0])} is newer than this "
-                f"rfa_fairseq ({RFA_CHECKPOINT_VERSION}); upgrade rfa_fairseq"
-            )
+            raise RuntimeError(f"checkpoint RFA format version {int(state_dict[version_key][0])} is newer than this "
+                               f"rfa_fairseq ({RFA_CHECKPOINT_VERSION}); upgrade rfa_fairseq")
         return state_dict

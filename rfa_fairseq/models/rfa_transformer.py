@@ -1,10 +1,4 @@
-"""Translation: model ``rfa_transformer`` and its architectures.
-
-fairseq's TransformerModel with a softmax encoder and an RFA decoder: causal RFA or RFA-Gate
-self-attention and fairseq's softmax cross attention (``--cross-attention rfa``: the paper's RFA cross
-attention). ``--encoder-attention {rfa,favor,lara}`` makes the encoder linear in the source length too
-(``rfa_encoder.py``), and ``--decoder-attention softmax`` puts fairseq's own decoder behind it.
-"""
+"""Translation: model ``rfa_transformer`` (fairseq's TransformerModel with an RFA decoder) and its architectures."""
 import argparse
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
@@ -30,8 +24,9 @@ from .translation_config import TranslationAttentionConfig, attention_config_fro
 
 @register_model("rfa_transformer")
 class RFATransformerModel(InferenceMixin, TransformerModel):
-    """Transformer with Random Feature Attention in the decoder (softmax encoder by default; see
-    ``--encoder-attention`` and ``--decoder-attention``)."""
+    """fairseq's transformer with a softmax encoder (``--encoder-attention {rfa,favor,lara}``: linear in the source
+    length too) and an RFA decoder: causal RFA or RFA-Gate self-attention, fairseq's softmax cross attention
+    (``--cross-attention rfa``: the paper's RFA cross attention); ``--decoder-attention softmax``: fairseq's own."""
 
     @classmethod
     def add_args(cls, parser):
@@ -73,7 +68,6 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
                                  f"fairseq-interactive)")
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
-
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
         # cfg: fairseq's TransformerConfig, which keeps the unknown (encoder_attention, ...) attributes.
@@ -91,8 +85,7 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
         # fairseq's TransformerConfig.from_namespace keeps unknown (rfa_*) attributes.
         return RFATransformerDecoder(
             cfg, tgt_dict, embed_tokens, rfa=rfa_config_from(cfg), no_encoder_attn=cfg.no_cross_attention,
-            cross_attention=attention.cross_attention, decoding_attention=attention.decoding_attention,
-        )
+            cross_attention=attention.cross_attention, decoding_attention=attention.decoding_attention)
 
 
 @register_model_architecture("rfa_transformer", "rfa_transformer")
@@ -104,25 +97,18 @@ def rfa_base_architecture(args):
     base_architecture(args)
 
 
-@register_model_architecture("rfa_transformer", "rfa_transformer_iwslt_de_en")
-def rfa_transformer_iwslt_de_en(args):
-    transformer_iwslt_de_en(args)
-    rfa_base_architecture(args)
+def _rfa_twin(arch_name: str, fairseq_arch):
+    """Register ``arch_name``: the settings of fairseq's ``fairseq_arch``, then the RFA defaults."""
+    @register_model_architecture("rfa_transformer", arch_name)
+    def architecture(args):
+        fairseq_arch(args)
+        rfa_base_architecture(args)
+    return architecture
 
 
-@register_model_architecture("rfa_transformer", "rfa_transformer_wmt_en_de")
-def rfa_transformer_wmt_en_de(args):
-    transformer_wmt_en_de(args)
-    rfa_base_architecture(args)
-
-
-@register_model_architecture("rfa_transformer", "rfa_transformer_vaswani_wmt_en_de_big")
-def rfa_transformer_vaswani_wmt_en_de_big(args):
-    transformer_vaswani_wmt_en_de_big(args)
-    rfa_base_architecture(args)
-
-
-@register_model_architecture("rfa_transformer", "rfa_transformer_vaswani_wmt_en_fr_big")
-def rfa_transformer_vaswani_wmt_en_fr_big(args):
-    transformer_vaswani_wmt_en_fr_big(args)
-    rfa_base_architecture(args)
+rfa_transformer_iwslt_de_en = _rfa_twin("rfa_transformer_iwslt_de_en", transformer_iwslt_de_en)
+rfa_transformer_wmt_en_de = _rfa_twin("rfa_transformer_wmt_en_de", transformer_wmt_en_de)
+rfa_transformer_vaswani_wmt_en_de_big = _rfa_twin("rfa_transformer_vaswani_wmt_en_de_big",
+                                                  transformer_vaswani_wmt_en_de_big)
+rfa_transformer_vaswani_wmt_en_fr_big = _rfa_twin("rfa_transformer_vaswani_wmt_en_fr_big",
+                                                  transformer_vaswani_wmt_en_fr_big)

@@ -1,7 +1,4 @@
-"""Language modelling: model ``rfa_transformer_lm`` and its architectures.
-
-fairseq's TransformerLanguageModel with RFA (or RFA-Gate) in every self-attention layer.
-"""
+"""Language modelling: model ``rfa_transformer_lm`` and its architectures."""
 from dataclasses import dataclass
 
 from fairseq import options
@@ -18,7 +15,7 @@ from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from fairseq.utils import safe_getattr
 
 from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
-from ..validation import divisible_heads
+from ..validation import divisible_heads, flag
 from ..inference import InferenceConfig, InferenceMixin
 from .rfa_decoder import RFATransformerDecoder
 
@@ -43,13 +40,11 @@ class RFATransformerLanguageModel(InferenceMixin, TransformerLanguageModel):
             args.max_target_positions = safe_getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
         decoder = RFATransformerDecoder(
             TransformerConfig.from_namespace(args), task.target_dictionary, cls.build_lm_input_embedding(args, task),
-            rfa=rfa, no_encoder_attn=True,
-        )
+            rfa=rfa, no_encoder_attn=True)
         model = cls(decoder)
         model.int8_inference = bool(safe_getattr(args, "int8_inference", False))
         model.cuda_graphs = bool(safe_getattr(args, "cuda_graphs", False))
         return model
-
 
     @classmethod
     def build_lm_input_embedding(cls, args, task):
@@ -57,40 +52,33 @@ class RFATransformerLanguageModel(InferenceMixin, TransformerLanguageModel):
         if args.character_embeddings:
             return CharacterTokenEmbedder(
                 task.source_dictionary, eval(args.character_filters), args.character_embedding_dim,
-                args.decoder_embed_dim, args.char_embedder_highway_layers,
-            )
+                args.decoder_embed_dim, args.char_embedder_highway_layers)
         if args.adaptive_input:
             embed = AdaptiveInput(
                 len(task.source_dictionary), task.source_dictionary.pad(), args.decoder_input_dim,
                 args.adaptive_input_factor, args.decoder_embed_dim,
                 options.eval_str_list(args.adaptive_input_cutoff, type=int),
-                args.quant_noise_pq, args.quant_noise_pq_block_size,
-            )
+                args.quant_noise_pq, args.quant_noise_pq_block_size)
         else:
             embed = cls.build_embedding(args, task.source_dictionary, args.decoder_input_dim)
         if args.tie_adaptive_weights:
             if not args.adaptive_input:
                 raise ValueError("--tie-adaptive-weights requires --adaptive-input")
-            if args.adaptive_input_factor != args.adaptive_softmax_factor:
-                raise ValueError("--tie-adaptive-weights requires --adaptive-input-factor == --adaptive-softmax-factor")
-            if args.adaptive_softmax_cutoff != args.adaptive_input_cutoff:
-                raise ValueError("--tie-adaptive-weights requires --adaptive-softmax-cutoff == --adaptive-input-cutoff")
-            if args.decoder_input_dim != args.decoder_output_dim:
-                raise ValueError("--tie-adaptive-weights requires --decoder-input-dim == --decoder-output-dim")
+            for one, other in (("adaptive_input_factor", "adaptive_softmax_factor"),
+                               ("adaptive_softmax_cutoff", "adaptive_input_cutoff"),
+                               ("decoder_input_dim", "decoder_output_dim")):
+                if getattr(args, one) != getattr(args, other):
+                    raise ValueError(f"--tie-adaptive-weights requires {flag(one)} == {flag(other)}")
         return embed
 
 
-# ``rfa_transformer_lm`` itself takes the dataclass's defaults; the named architectures below use this.
-def rfa_lm_base_architecture(args):
-    fill_rfa_defaults(args)
-    base_lm_architecture(args)
-
-
+# ``rfa_transformer_lm`` itself takes the dataclass's defaults; the named architectures fill them.
 @register_model_architecture("rfa_transformer_lm", "rfa_transformer_lm_wiki103")
 def rfa_transformer_lm_wiki103(args):
     """Baevski and Auli's adaptive-input WikiText-103 model (16 layers, 1024 dims, 8 heads)."""
     transformer_lm_baevski_wiki103(args)
-    rfa_lm_base_architecture(args)
+    fill_rfa_defaults(args)
+    base_lm_architecture(args)
 
 
 @register_model_architecture("rfa_transformer_lm", "rfa_transformer_lm_wiki103_small")

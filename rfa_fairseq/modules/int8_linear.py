@@ -1,33 +1,14 @@
 """int8 linear layers for decoding on the CPU, in plain PyTorch ops (no quantized dtypes, no torch.ao).
 
-At decoding's small batches a linear layer reads its whole weight for a few rows, so its time goes
-to memory traffic, and an int8 weight is a quarter of a float32 one; for the large batches of
-scoring, int8 products (VNNI) also compute faster than float32 ones.
-
-:class:`Int8Linear` stores, as buffers:
-
-- ``weight``: ``torch.int8``, ``[out_features, in_features]`` (nn.Linear's layout), each row
-  rounded symmetrically: ``weight[j] = round(w[j] / scale[j])``, in ``[-127, 127]``;
-- ``scale``: float32, ``[out_features]``, one per output row, ``max |w[j]| / 127``, so each weight
-  is off by at most ``scale[j] / 2``;
-- ``bias``: float32, ``[out_features]``, or None.
-
-Each call quantizes its input one row at a time the same way (``m = max |x[i]|``,
-``round(127 x[i] / m)``; a row's result does not depend on the rows beside it), shifted by 128 into
-uint8 (the form oneDNN's int8 kernels take without a correction pass over the weight), multiplies
-it by the int8 weight into int32 and rescales: ``y[i, j] = m[i] / 127 * scale[j] * acc[i, j] + bias[j]``.
-The product is oneDNN's, through one of two PyTorch ops, whichever measured faster (one thread,
-this project's layer shapes):
-
-- ``torch._int_mm`` for one row (decoding one sequence) and for small weights: it takes the plain
-  weight, and the shift is taken off after (``128 * sum(weight[j])``);
-- ``torch.ops.onednn.qlinear_pointwise`` for several rows and a weight of 2**19 values or more:
-  it takes the weight in oneDNN's blocked layout, which ``_int_mm`` re-blocks on every call of
-  more than one row (nearly 3 times slower for a 512 x 25000 output layer at 4 rows); but it costs some
-  20 microseconds more a call. The blocked copy is made on first use and kept beside the buffers
-  (not in the state dict, never pickled).
-
-Inference on the CPU only, no backward pass.
+A decoding step's linear layers read their whole weight for a few rows: their time is memory traffic, and an int8
+weight is a quarter of a float32 one. Input rows are quantized (:func:`quantize_input`) into uint8 shifted by 128
+(what oneDNN's int8 kernels take without a correction pass over the weight), multiplied into int32 and rescaled:
+``y[i, j] = m[i] / 127 * scale[j] * acc[i, j] + bias[j]``. By the faster product measured (one thread, this
+project's shapes): ``torch._int_mm`` on the plain weight for one row and small weights (the shift taken off after,
+``128 * sum(weight[j])``), ``onednn.qlinear_pointwise`` for several rows and 2**19 weights or more: it takes
+oneDNN's blocked layout, which ``_int_mm`` re-blocks on every call of more than one row (nearly 3x slower for a
+512 x 25000 layer at 4 rows), but costs some 20 us more a call. The blocked copy is made on first use and kept
+beside the buffers (not in the state dict, never pickled).
 """
 import functools
 
@@ -57,15 +38,16 @@ def int_mm_takes_uint8() -> bool:
 
 
 def quantize_input(x: torch.Tensor):
-    """Rows of ``x`` (2-d, float32) as uint8 with one scale each: ``(x_u8, m)``, ``m`` the rows'
-    largest ``|x|`` (``[rows, 1]``, the smallest positive float for a zero row), such that
-    ``x ≈ (x_u8 - 128) * m / 127``, each value off by at most ``m / 254``."""
+    """Rows of ``x`` (2-d, float32) as uint8, one scale each: ``(x_u8, m)``, ``m [rows, 1]`` the rows' largest
+    ``|x|`` (the smallest positive float for a zero row): ``x ≈ (x_u8 - 128) * m / 127`` within ``m / 254``."""
     m = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_min_(_TINY)
     return torch.addcdiv(_SHIFT, x, m, value=127).to(torch.uint8), m
 
 
 class Int8Linear(nn.Module):
-    """nn.Linear's inference with int8 weights and inputs (module docstring). Make one with
+    """nn.Linear's inference with int8 weights and inputs (module docstring). Buffers: ``weight`` int8
+    ``[out_features, in_features]``, row ``j`` rounded symmetrically to ``round(w[j] / scale[j])``; ``scale``
+    float32 ``[out_features]``, ``max |w[j]| / 127``; ``bias`` float32 ``[out_features]`` or None. Make one with
     :meth:`from_float`, in evaluation mode: it has no backward pass, and in training mode it raises."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
@@ -88,9 +70,8 @@ class Int8Linear(nn.Module):
         return module.eval()
 
     def _kernel_inputs(self):
-        """``(128 * sum(weight[j]) in int32, the blocked weight or None, its zero points, a zero bias)``,
-        made from the weight on first use, and again after load_state_dict or .to() (change the
-        weight through these only)."""
+        """``(128 * sum(weight[j]) in int32, the blocked weight or None, its zero points, a zero bias)``, made on
+        first use, and again after load_state_dict or .to() (change the weight through these only)."""
         if self._derived is None:
             correction = 128 * self.weight.sum(1, dtype=torch.int32)
             blocked = None

@@ -1,24 +1,14 @@
-"""The guard on RFA's denominator phi(q) . z.
+"""The guard on RFA's denominator phi(q) . z, and the dtypes of the attention ops.
 
-phi(q) . z estimates a sum of kernel values, which is positive, but with sin/cos features
-(``gaussian``) it can come out small or negative for a short history or few features, and a
-denominator near zero blows the output up. We clamp it from below at ``eps`` (``--rfa-eps``, default
-1e-2), in fp32; with ``absolute`` (``--rfa-cross-abs-denominator``, cross attention only) its absolute
-value. Positive feature maps (``arccos``, ``favor``, ``elu``) cannot make it negative: for them the
-floor only bounds how small it gets.
+phi(q) . z estimates a positive sum of kernel values, but with sin/cos features (``gaussian``) it can come out
+small or negative for a short history or few features, and blow the output up. It is clamped from below at
+``eps`` (``--rfa-eps``), in fp32 (its absolute value with ``--rfa-cross-abs-denominator``); for positive feature
+maps the floor only bounds how small it gets. Gradients do not flow through a clamped denominator.
 
-The authors' floors are much higher: their features are ``c [sin, cos]`` where ours are ``D^-1/2 [sin,
-cos]``, so their denominator is ours times ``c^2 D``: Noahs-ARK/RFA's 1.0 (c = 0.1) and T2R's 0.01
-(c = 0.01) are both 1.56 in our units at D = 64, rfa-doc-mt's floor 0.31 at D = 32; their cross
-attention takes the absolute value first. In the paper's gated form phi(q) . z stays below about 1, so such a
-floor would clamp almost every position: it is a floor for ungated sums.
-
-Gradients do not flow through a clamped denominator. A result cast to fp16/bf16 is clamped to the
-dtype's finite range, so a large but finite fp32 value never becomes inf.
-
-The attention ops compute in fp32 whatever their inputs' dtype (``compute_dtype``): states, the normaliser
-column and the division. Under ``torch.autocast`` (fairseq's ``--amp``) their matmuls would run in half
-precision anyway and a chunked state come back in it, so every op runs with autocast off (:func:`exact_dtypes`).
+The authors' floors are much higher: their features are ``c [sin, cos]``, ours ``D^-1/2 [sin, cos]``, so their
+denominator is ours times ``c^2 D``: Noahs-ARK/RFA's 1.0 (c = 0.1) and T2R's 0.01 (c = 0.01) are both 1.56 in our
+units at D = 64, rfa-doc-mt's floor 0.31 at D = 32; their cross attention takes the absolute value first. In the
+paper's gated form phi(q) . z stays below about 1: such a floor, for ungated sums, would clamp almost every position.
 """
 import contextlib
 import functools
@@ -55,8 +45,8 @@ def cast_finite(out: Tensor, out_dtype: torch.dtype) -> Tensor:
     """``out`` in ``out_dtype``, clamped to its finite range when that is narrower."""
     if out.dtype == out_dtype:
         return out
-    if torch.finfo(out_dtype).max < torch.finfo(out.dtype).max:
-        limit = torch.finfo(out_dtype).max
+    limit = torch.finfo(out_dtype).max
+    if limit < torch.finfo(out.dtype).max:
         out = out.clamp(-limit, limit)
     return out.to(out_dtype)
 

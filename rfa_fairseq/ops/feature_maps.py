@@ -1,11 +1,6 @@
-"""Random matrices and feature maps (pure torch).
-
-Layouts: inputs ``x`` are ``[B, H, T, K]`` (batch, heads, time, head dim ``K``); a random matrix is
-``[H, D, K]`` (``D`` random features per head); a per-head scale ``sigma`` is ``[H, K]``. Feature maps
-return ``[B, H, T, F]`` (``F = feature_size(kernel, D, K)``), in fp32 (fp64 for fp64 inputs, which the
-tests use). Training and decoding call the same :func:`feature_map`; a new kernel is one function and
-one entry in :data:`FEATURE_MAPS`.
-"""
+"""Random matrices and feature maps (pure torch): inputs ``x [B, H, T, K]``, a random matrix ``[H, D, K]`` (``D``
+random features per head), a per-head scale ``sigma [H, K]``; feature maps return ``[B, H, T, F]`` in fp32 (fp64
+for fp64 inputs). A new kernel is one function and one entry in :data:`FEATURE_MAPS`."""
 import math
 from types import MappingProxyType
 from typing import Callable, NamedTuple, Optional, Tuple
@@ -19,19 +14,10 @@ RANDOM_MATRICES = ("gaussian", "orthogonal")
 NORM_EPS = 1e-6
 
 
-def sample_gaussian_matrix(
-    num_heads: int, num_features: int, head_dim: int, generator: Optional[torch.Generator] = None
-) -> Tensor:
-    """i.i.d. N(0, 1) rows: ``[H, D, K]`` in fp32 on the generator's device (CPU by default)."""
-    return torch.randn(num_heads, num_features, head_dim, generator=generator)
-
-
-def sample_orthogonal_matrix(
-    num_heads: int, num_features: int, head_dim: int, generator: Optional[torch.Generator] = None
-) -> Tensor:
-    """Orthogonal random features (Yu et al., 2016): ``[H, D, K]``. Blocks of ``K`` orthogonal unit rows
-    (QR of a Gaussian matrix; the last block truncated), each row rescaled by an independent chi(K)
-    norm so that every row is marginally N(0, I)."""
+def sample_orthogonal_matrix(num_heads: int, num_features: int, head_dim: int,
+                             generator: Optional[torch.Generator] = None) -> Tensor:
+    """Orthogonal random features (Yu et al., 2016): ``[H, D, K]``, blocks of ``K`` orthogonal unit rows (QR of a
+    Gaussian matrix; the last block truncated), each rescaled by an independent chi(K) norm: marginally N(0, I)."""
     num_blocks = -(-num_features // head_dim)
     gauss = torch.randn(num_heads, num_blocks, head_dim, head_dim, generator=generator)
     q, r = torch.linalg.qr(gauss)
@@ -42,11 +28,11 @@ def sample_orthogonal_matrix(
     return rows * norms.unsqueeze(-1)
 
 
-def sample_random_matrix(
-    kind: str, num_heads: int, num_features: int, head_dim: int, generator: Optional[torch.Generator] = None
-) -> Tensor:
+def sample_random_matrix(kind: str, num_heads: int, num_features: int, head_dim: int,
+                         generator: Optional[torch.Generator] = None) -> Tensor:
+    """``[H, D, K]`` in fp32 on the generator's device: i.i.d. N(0, 1) rows, or :func:`sample_orthogonal_matrix`'s."""
     if kind == "gaussian":
-        return sample_gaussian_matrix(num_heads, num_features, head_dim, generator)
+        return torch.randn(num_heads, num_features, head_dim, generator=generator)
     if kind == "orthogonal":
         return sample_orthogonal_matrix(num_heads, num_features, head_dim, generator)
     raise ValueError(f"unknown random matrix kind {kind!r}; expected one of {RANDOM_MATRICES}")
@@ -80,12 +66,10 @@ def arccos_features(x: Tensor, random_matrix: Tensor) -> Tensor:
 
 
 def favor_features(x: Tensor, random_matrix: Tensor) -> Tensor:
-    """Performer's FAVOR+ positive random features, phi(x) = D^-1/2 exp(w.x - |x|^2 / 2):
-    E[phi(x).phi(y)] = exp(x.y) for rows ``w`` drawn from N(0, I).
-
-    No running maximum is subtracted (as Performer does): ``w.x - |x|^2 / 2 <= |w|^2 / 2`` (about
-    K / 2) is far inside fp32's range, and a maximum over the keys would differ between a sequence
-    and its prefixes, which token-by-token decoding could not reproduce."""
+    """Performer's FAVOR+ positive random features, phi(x) = D^-1/2 exp(w.x - |x|^2 / 2): E[phi(x).phi(y)] =
+    exp(x.y) for rows ``w`` drawn from N(0, I). No running maximum is subtracted (as Performer does):
+    ``w.x - |x|^2 / 2 <= |w|^2 / 2`` (about K / 2) is far inside fp32's range, and a maximum over the keys would
+    differ between a sequence and its prefixes, which token-by-token decoding could not reproduce."""
     proj = project(x, random_matrix)
     return torch.exp(proj - 0.5 * x.pow(2).sum(-1, keepdim=True)) / math.sqrt(proj.shape[-1])
 
@@ -146,10 +130,9 @@ def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) ->
 
 
 def exact_kernel(kernel: str, x: Tensor, y: Tensor) -> Tensor:
-    """The kernel that ``phi(x) . phi(y)`` estimates, exactly, for every pair of scaled inputs ``x [..., M, K]``
-    and ``y [..., N, K]`` (:func:`scale_inputs`): ``[..., M, N]``. gaussian: exp(-|x - y|^2 / 2); favor:
-    exp(x . y); arccos: |x| |y| (sin t + (pi - t) cos t) / (2 pi), t the angle between them; elu:
-    phi(x) . phi(y) itself (its features are exact)."""
+    """The kernel that ``phi(x) . phi(y)`` estimates, for every pair of scaled inputs ``x [..., M, K]`` and
+    ``y [..., N, K]`` (:func:`scale_inputs`): ``[..., M, N]``. gaussian: exp(-|x - y|^2 / 2); favor: exp(x . y);
+    arccos: |x| |y| (sin t + (pi - t) cos t) / (2 pi), t their angle; elu: phi(x) . phi(y) (exact features)."""
     _kind(kernel)
     dot = x @ y.transpose(-1, -2)
     if kernel == "gaussian":
@@ -165,10 +148,10 @@ def exact_kernel(kernel: str, x: Tensor, y: Tensor) -> Tensor:
 
 
 def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor) -> Tuple[Tensor, Tensor]:
-    """The ``gaussian`` feature map precomputed for inference (:func:`gaussian_step_features`): the random
-    matrix ``[H, D, K]`` with sigma ``[H, K]`` folded in, twice side by side, and the phases ``[0, pi/2]``
-    that turn the second half's sines into cosines, so that one bmm and one sine make ``[sin | cos]``.
-    Returns ``projection [H, K, 2 D]`` and ``phase [2 D]``, in the dtype of ``random_matrix``."""
+    """The ``gaussian`` feature map precomputed for inference (:func:`gaussian_step_features`): the random matrix
+    ``[H, D, K]`` with sigma ``[H, K]`` folded in, twice side by side, and the phases ``[0, pi/2]`` that turn the
+    second half's sines into cosines (one bmm and one sine make ``[sin | cos]``): ``projection [H, K, 2 D]`` and
+    ``phase [2 D]``, in the dtype of ``random_matrix``."""
     w = (random_matrix * sigma.to(random_matrix.dtype).unsqueeze(1)).transpose(1, 2)  # [H, K, D]
     D = w.size(-1)
     phase = torch.cat([w.new_zeros(D), w.new_full((D,), math.pi / 2)])
@@ -176,9 +159,8 @@ def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor) -> Tuple[Tensor,
 
 
 def gaussian_step_features(x: Tensor, projection: Tensor, phase: Tensor) -> Tensor:
-    """``feature_map("gaussian", x, sigma, random_matrix)`` for ``x [B, H, T, K]`` from
-    :func:`gaussian_step_weights`: ``[B, H, T, 2 D]`` in the dtype of ``projection``, in a third fewer
-    operators (what a decoding step's time is made of)."""
+    """``feature_map("gaussian", x, sigma, random_matrix)`` for ``x [B, H, T, K]`` from :func:`gaussian_step_weights`:
+    ``[B, H, T, 2 D]`` in the dtype of ``projection``, in a third fewer operators (what a decoding step's time is)."""
     B, H, T, K = x.shape
     rows = l2_normalize(as_dtype(x, projection.dtype)).transpose(0, 1).reshape(H, B * T, K)
     # bmm then add_, not baddbmm: baddbmm copies the broadcast phases into its output first

@@ -1,32 +1,21 @@
 """LARA: linear randomised attention (Zheng, Wang and Kong, ICML 2022), pure torch.
 
-**Why it works.** With ``xi(x, w) = exp(w . x - |x|^2 / 2)``, ``exp(q . k) = E_{w ~ N(0, I)}[xi(q, w)
-xi(k, w)]``, and softmax attention of query ``n`` is the expectation of ``f_n(w) = sum_m xi(k_m, w) v_m
-/ sum_m xi(k_m, w)`` under ``p_n(w) = sum_m softmax_m(q_n . k_m) N(w; q_n + k_m, I)`` (Prop. 1).
-Sampling ``w ~ p_n`` for every query (randomised attention, :func:`randomized_attention`) is unbiased
-but quadratic; RFA / Performer draw ``w ~ N(0, I)`` for every query and self-normalise: cheap, biased.
+With ``xi(x, w) = exp(w . x - |x|^2 / 2)``, ``exp(q . k) = E_{w ~ N(0, I)}[xi(q, w) xi(k, w)]``, and softmax
+attention of query ``n`` is the expectation of ``f_n(w) = sum_m xi(k_m, w) v_m / sum_m xi(k_m, w)`` under
+``p_n(w) = sum_m softmax_m(q_n . k_m) N(w; q_n + k_m, I)`` (Prop. 1). Sampling ``w ~ p_n`` per query
+(:func:`randomized_attention`) is unbiased but quadratic; RFA and Performer draw ``w ~ N(0, I)`` and
+self-normalise (cheap, biased). LARA (Algorithm 3, default choices) shares ``C`` proposals between all queries
+and weighs them per query:
 
-**LARA** (Algorithm 3, default choices) draws from ``C`` proposals shared by all queries and makes
-the estimate query-specific through its weights:
-
-1. landmarks: the non-padding positions of each sequence cut into ``C`` contiguous segments;
-   ``q~_c``, ``k~_c`` are the means of the queries and of the keys in segment ``c``;
-2. proposals ``q_c(w) = N(w; mu_c, I)`` with ``mu_c = q~_c + k~_c`` (Eq. 34), one sample each,
-   ``w_c = mu_c + eps_c`` (``eps``: the caller's standard normal draw: fixed noise makes the op
-   deterministic and differentiable);
-3. weights (Eq. 9) ``alpha_nc(w) = q_c(w) / sum_c' q_c'(w) + lambda (r_nc - 1 / C)`` with
-   ``r_nc = softmax_c(q_n . q~_c)`` (as the authors' code): the balance heuristic, moved towards the
-   query's own region by a term that sums to zero over ``c``, so ``sum_c alpha_nc(w) = 1``;
-4. the self-normalised estimate ``out_n = sum_c a_nc f_n(w_c) / sum_c a_nc``, with
-   ``a_nc = alpha_nc(w_c) p_n(w_c) / q_c(w_c)``.
-
-In ``p_n / q_c = xi(q_n, w) sum_m xi(k_m, w) / (Z_n xi(mu_c, w))`` the ``N(w; 0, I)`` factor and
-``Z_n`` cancel, so everything is a product of ``C x T`` and ``C x C`` terms: O(T C K) per head,
-linear in the length, all in log space (logsumexp, softmax) so that large logits cannot overflow.
-
-**The guard.** A negative ``alpha_nc`` (small balance, query far from segment ``c``) could bring the
-self-normalised denominator to zero; as in the authors' code, ``alpha`` is clamped at
-:data:`ALPHA_FLOOR` (> 0), so the output is a convex combination of the ``f_n(w_c)``, always finite.
+1. landmarks ``q~_c``, ``k~_c``: the means of the queries and keys over ``C`` contiguous segments of the
+   non-padding positions; proposals ``q_c(w) = N(w; mu_c, I)``, ``mu_c = q~_c + k~_c`` (Eq. 34), one sample
+   each, ``w_c = mu_c + eps_c`` (``eps``: the caller's standard normal draw);
+2. ``alpha_nc(w) = q_c(w) / sum_c' q_c'(w) + lambda (r_nc - 1 / C)``, ``r_nc = softmax_c(q_n . q~_c)`` (Eq. 9),
+   summing to 1, clamped at :data:`ALPHA_FLOOR` (> 0; as the authors' code, both) so that the output is a
+   convex combination of the ``f_n(w_c)``, always finite;
+3. ``out_n = sum_c a_nc f_n(w_c) / sum_c a_nc``, ``a_nc = alpha_nc(w_c) p_n(w_c) / q_c(w_c)``, where the
+   ``N(w; 0, I)`` factor and ``Z_n`` of ``p_n / q_c = xi(q_n, w) sum_m xi(k_m, w) / (Z_n xi(mu_c, w))`` cancel:
+   O(T C K) per head, in log space so that large logits cannot overflow.
 """
 import math
 from typing import Optional, Tuple
@@ -40,11 +29,10 @@ ALPHA_FLOOR = 1e-8
 
 
 def segment_landmarks(x: Tensor, key_padding_mask: Optional[Tensor], num_landmarks: int) -> Tuple[Tensor, Tensor]:
-    """Means of ``x`` ``[B, H, T, K]`` over ``C = num_landmarks`` contiguous segments of the non-padding
-    positions of each sequence: ``[B, H, C, K]``, and ``present [B, C]`` (bool). The non-padding position
-    of rank ``r`` of ``L`` falls in segment ``floor(r C / L)``. Padding is skipped wherever it is (fairseq
-    pads sources on the left), so padding changes no landmark. A row shorter than ``C`` has ``C - L``
-    empty segments (``present`` False, mean 0), left out by the caller."""
+    """Means of ``x [B, H, T, K]`` over ``C = num_landmarks`` contiguous segments of each sequence's non-padding
+    positions: ``[B, H, C, K]``, and ``present [B, C]`` (bool). The non-padding position of rank ``r`` of ``L``
+    falls in segment ``floor(r C / L)``, wherever the padding is (fairseq pads sources on the left). A row shorter
+    than ``C`` has ``C - L`` empty segments (``present`` False, mean 0) for the caller to leave out."""
     B, _, T, _ = x.shape
     valid = (torch.ones(B, T, dtype=torch.bool, device=x.device) if key_padding_mask is None
              else ~key_padding_mask.to(torch.bool))
@@ -76,8 +64,7 @@ def lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask: Optio
     Args:
         q, k, v: ``[B, H, T, K]``, queries and keys scaled (a caller with raw heads multiplies each by ``K^-1/4``);
         noise: standard normal ``[H, C, K]`` or ``[B, H, C, K]``: proposal ``c`` samples ``mu_c + noise_c``;
-        key_padding_mask: ``[B, T]``, True at padding (excluded as keys and from the landmarks;
-            every row needs a non-padding position);
+        key_padding_mask: ``[B, T]``, True at padding (no key, in no landmark; every row needs a real position);
         alpha_coeff: ``lambda`` of the query-specific weights (0: the balance heuristic alone).
     Returns ``[B, H, T, K]`` in fp32 (fp64 for fp64 inputs).
     """
@@ -164,10 +151,9 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optiona
 def randomized_attention(q: Tensor, k: Tensor, v: Tensor, num_samples: int = 1,
                          key_padding_mask: Optional[Tensor] = None,
                          generator: Optional[torch.Generator] = None) -> Tensor:
-    """Randomised attention (RA), the paper's unbiased estimator: for every query ``n``, the mean of
-    ``f_n(w)`` over ``num_samples`` draws ``w ~ p_n`` (a key ``m`` with probability ``softmax_m(q_n . k_m)``,
-    then ``w = q_n + k_m + N(0, I)``). O(S T^2 K) per head: a reference, not a layer.
-    Shapes as :func:`lara`; returns ``[B, H, T, K]`` in fp32 (fp64 for fp64 inputs)."""
+    """Randomised attention (RA), the paper's unbiased estimator: for every query ``n``, the mean of ``f_n(w)`` over
+    ``num_samples`` draws ``w ~ p_n`` (a key ``m`` with probability ``softmax_m(q_n . k_m)``, then ``w = q_n + k_m +
+    N(0, I)``). O(S T^2 K) per head: a reference. Shapes as :func:`lara`, the result in fp32 (fp64 for fp64)."""
     acc = compute_dtype(q)
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     B, H, T, K = q.shape

@@ -1,14 +1,9 @@
 """Task ``rfa_stateful_lm``: RFA language models that carry their recurrent state across blocks.
 
-Training: shuffled blocks of ``--tokens-per-sample`` tokens, ``--batch-size`` a batch, each starting from
-the state every causal RFA layer builds (without gradient, with the update's random draw) over the
-``--burn-in-blocks N`` blocks before it in the text. Validation and ``fairseq-eval-lm`` carry the state
-through the whole split along streams: the blocks of ``language_modeling --sample-break-mode none``
-(every token a target once) laid out as ``R x L`` contiguous streams (``R``: ``--batch-size`` times the
-processes; row ``r`` holds blocks ``r L .. r L + L - 1``, batch ``i`` is column ``i``, each process takes
-its own rows), the last rows padded where the text runs out. Positions restart at every block: older
-text reaches the model only through the state, ``model(src_tokens, stream_state=STATE)`` (a dict,
-``{}`` at a stream's start).
+Training: shuffled blocks of ``--tokens-per-sample`` tokens, each starting from the state every causal RFA layer
+builds (without gradient) over the ``--burn-in-blocks`` blocks before it. Validation and ``fairseq-eval-lm`` carry
+the state through the split along contiguous streams of blocks (:func:`stream_layout`). Positions restart at every
+block: older text reaches the model only through the state, ``model(src_tokens, stream_state=STATE)``.
 """
 import logging
 import os
@@ -50,8 +45,8 @@ class StatefulLMConfig(FairseqDataclass):
 
 
 def stream_layout(num_blocks: int, rows: int, num_shards: int = 1, shard_id: int = 0) -> torch.Tensor:
-    """Block indices ``[rows, L]`` of one process: its rows of the ``rows * num_shards`` contiguous
-    streams, ``L = ceil(num_blocks / (rows * num_shards))``; -1 where the text has run out."""
+    """Block indices ``[rows, L]`` of one process's rows of ``R = rows * num_shards`` contiguous streams: row ``r``
+    holds blocks ``r L .. r L + L - 1`` (-1 past the text), ``L = ceil(num_blocks / R)``; batch ``i``: column ``i``."""
     positive_int("--batch-size", rows)
     if not 0 <= shard_id < num_shards:
         raise ValueError(f"shard {shard_id} out of {num_shards}")
@@ -104,10 +99,10 @@ class StatefulLanguageModelingTask(FairseqTask):
         model = super().build_model(cfg, from_checkpoint)
         if not any(isinstance(m, CausalRFAttention) for m in model.modules()):
             arch = getattr(cfg, "arch", None) or getattr(cfg, "_name", None) or type(model).__name__
-            raise ValueError(
-                f"--task rfa_stateful_lm carries the recurrent state of RFA attention, and this model ({arch}) has "
-                "no RFA attention: use an rfa_transformer_lm architecture, train a softmax model with --task "
-                "language_modeling, or convert a softmax checkpoint with scripts/convert_from_softmax.py")
+            raise ValueError(f"--task rfa_stateful_lm carries the recurrent state of RFA attention, and this model "
+                             f"({arch}) has no RFA attention: use an rfa_transformer_lm architecture, train a softmax "
+                             "model with --task language_modeling, or convert a softmax checkpoint with "
+                             "scripts/convert_from_softmax.py")
         return model
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):

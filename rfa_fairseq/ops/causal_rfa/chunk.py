@@ -1,14 +1,11 @@
 """Chunked parallel causal RFA, for training and for multi-token incremental calls.
 
-Time is split into chunks of ``C``. Inside a chunk the masked quadratic form
-``(q k^T * decay, lower triangular) @ v`` is used; across chunks the state ``S`` is carried.
-The denominator rides along as an extra column of ones on ``v``, so the state carried from chunk
-to chunk is the packed state ``[S | z]`` of the recurrent step. Everything runs in fp32.
-Memory per head is O(T C + (T / C) F K) instead of the O(T F K) of a cumsum of outer products.
-
-With a gate, ``b`` is the inclusive cumulative sum of ``log g`` inside a chunk. Position ``j``
-reaches position ``i >= j`` of the same chunk with weight ``exp(b_i - b_j) (1 - g_j)``; the
-differences are masked to -inf above the diagonal *before* ``exp``, so every exponent is <= 0.
+Time is split into chunks of ``C``: inside a chunk the masked quadratic form ``(q k^T * decay, lower triangular)
+@ v``, across chunks the packed state ``[S | z]`` (a column of ones on ``v`` carries the denominator), in fp32.
+Memory per head is O(T C + (T / C) F K) instead of the O(T F K) of a cumsum of outer products. With a gate,
+``b`` is the inclusive cumulative sum of ``log g`` inside a chunk: position ``j`` reaches position ``i >= j`` of
+the chunk with weight ``exp(b_i - b_j) (1 - g_j)``, the differences masked to -inf above the diagonal *before*
+``exp``, so every exponent is <= 0.
 """
 from typing import Optional, Tuple
 
@@ -29,17 +26,10 @@ def _pad_time(x: Tensor, pad: int, dim: int = 2) -> Tensor:
 
 
 @exact_dtypes
-def chunk_causal_rfa(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    log_g: Optional[Tensor] = None,
-    initial_state: Optional[Tensor] = None,
-    output_final_state: bool = False,
-    eps: float = DEFAULT_EPS,
-    convex: bool = True,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> Tuple[Tensor, Optional[Tensor]]:
+def chunk_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
+                     initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+                     eps: float = DEFAULT_EPS, convex: bool = True,
+                     chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tuple[Tensor, Optional[Tensor]]:
     """The contract of :func:`naive_causal_rfa` (shapes ``[B, H, T, F]``/``[B, H, T, K]``, the
     state ``[B, H, F, K + 1]``), in chunks of ``chunk_size``."""
     o, final = chunk_causal_sums(q, k, v, log_g, initial_state, output_final_state, convex, chunk_size)
@@ -61,13 +51,12 @@ def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
     if T == 0:
         final = q.new_zeros(B, H, Fd, K + 1, dtype=acc) if state is None else state.to(acc)
         return q.new_zeros(B, H, 0, K + 1, dtype=acc), (final if output_final_state else None)
-    C = min(chunk_size, max(T, 1))
+    C = min(chunk_size, T)
     pad = (-T) % C
     N = (T + pad) // C
 
     qf = _pad_time(q.to(acc), pad).view(B, H, N, C, Fd)
     kf = _pad_time(k.to(acc), pad)
-    # A column of ones on v makes the state [S | z] at once.
     v1 = torch.cat([v.to(acc), v.new_ones(B, H, T, 1, dtype=acc)], dim=-1)
     vf = _pad_time(v1, pad).view(B, H, N, C, K + 1)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
@@ -109,7 +98,8 @@ def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
             # exp(p_n) S_0, exponents masked to -inf where m >= n before exp (every factor in [0, 1]).
             p = torch.nn.functional.pad(torch.cumsum(b_last.squeeze(-1), dim=-1), (1, 0))  # [B, H, N+1]
             strictly_before = torch.ones(N + 1, N, dtype=torch.bool, device=q.device).tril(-1)
-            weights = torch.exp((p.unsqueeze(-1) - p[..., 1:].unsqueeze(-2)).masked_fill(~strictly_before, float("-inf")))
+            exponents = (p.unsqueeze(-1) - p[..., 1:].unsqueeze(-2)).masked_fill(~strictly_before, float("-inf"))
+            weights = torch.exp(exponents)
             states = (weights.to(acc) @ chunk_kv.flatten(-2)).view(B, H, N + 1, Fd, K + 1)
             if state is not None:
                 states = states + torch.exp(p).to(acc)[..., None, None] * state0.unsqueeze(2)

@@ -1,16 +1,11 @@
-"""Causal RFA by flash-linear-attention's Triton kernels (the optional ``fla-core`` package), for training
-on a GPU. RFA-Gate is fla's "simple GLA", one scalar gate per head and step:
-
-    chunk_simple_gla(q = phi(q), k = w phi(k), v = [v | 1], g = log g, scale = 1)
-
-with ``w = 1 - g`` in the paper's convex form (1 in the decay form, and without a gate). The column of ones
-makes the last output column the denominator ``phi(q) . z`` and the state fla's ``[F, K + 1]`` per head, the
-packed ``[S | z]`` of every form here. The division by the guarded denominator is this package's, in fp32.
-
-The kernels compute in fp32 inside, but hand the numerators and the denominator back in the inputs' dtype
-(bf16 under ``--bf16``) before the division; the state stays fp32. ``v`` gets a column of zeros where
-``K + 1`` is odd (fla's half-precision backward wants even sizes). On a CPU the kernels run only under
-Triton's interpreter (``TRITON_INTERPRET=1``, set before fla is imported), as the tests do.
+"""Causal RFA by flash-linear-attention's Triton kernels (the optional ``fla-core`` package), for training on a
+GPU. RFA-Gate is fla's "simple GLA", one scalar gate per head and step:
+``chunk_simple_gla(q = phi(q), k = w phi(k), v = [v | 1], g = log g, scale = 1)``, ``w = 1 - g`` in the convex
+form (else 1). The column of ones makes the last output column the denominator and the state fla's ``[F, K + 1]``
+per head, the packed ``[S | z]`` of every form here. The kernels compute in fp32 inside but hand the numerators
+and the denominator back in the inputs' dtype (bf16 under ``--bf16``) before this package's fp32 division; the
+state stays fp32. ``v`` gets a column of zeros where ``K + 1`` is odd (fla's half-precision backward wants even
+sizes). On a CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` before fla's import).
 """
 import functools
 import importlib.util
@@ -32,20 +27,13 @@ def fla_installed() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("fla", "triton"))
 
 
-def fla_runs_on(device: torch.device) -> bool:
-    """Whether fla's kernels run on ``device``: a CUDA device, or any under Triton's interpreter."""
-    return fla_installed() and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
-
-
 def fla_chosen(backend: str, device: torch.device, gated: bool) -> bool:
     """Whether ``--rfa-backend`` ``backend`` trains on fla's kernels on ``device``: ``fla`` always (its errors
-    name what is missing), ``auto`` on a CUDA device with fla-core installed, except on a stack whose gated
-    backward fla refuses (Hopper with Triton >= 3.4 and < 3.7.1, fla's issue 640), ``torch`` never."""
+    name what is missing), ``auto`` on a CUDA device with fla-core installed unless gated where
+    :func:`fla_refuses_gated_backward`, ``torch`` never."""
     if backend != "auto":
         return backend == "fla"
-    if device.type != "cuda" or not fla_installed():
-        return False
-    return not (gated and fla_refuses_gated_backward())
+    return device.type == "cuda" and fla_installed() and not (gated and fla_refuses_gated_backward())
 
 
 def fla_refuses_gated_backward() -> bool:
@@ -57,23 +45,15 @@ def fla_refuses_gated_backward() -> bool:
 
 
 @exact_dtypes
-def fla_causal_rfa(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    log_g: Optional[Tensor] = None,
-    initial_state: Optional[Tensor] = None,
-    output_final_state: bool = False,
-    eps: float = DEFAULT_EPS,
-    convex: bool = True,
-) -> Tuple[Tensor, Optional[Tensor]]:
+def fla_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
+                   initial_state: Optional[Tensor] = None, output_final_state: bool = False, eps: float = DEFAULT_EPS,
+                   convex: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
     """The contract of :func:`naive_causal_rfa` (``q, k [B, H, T, F]``, ``v [B, H, T, K]``, ``log_g [B, H, T]``,
     the state ``[B, H, F, K + 1]`` in fp32) by fla's chunked kernel. Padded steps must come with ``k = 0`` and
-    ``log g = 0``, as the attention modules make them. Inputs in fp32, fp16 or bf16, on one device where
-    :func:`fla_runs_on` holds."""
+    ``log g = 0``, as the attention modules make them. Inputs in fp32, fp16 or bf16."""
     if q.dtype not in FLA_DTYPES:
         raise TypeError(f"fla's kernels take fp32, fp16 or bf16 inputs, got {q.dtype}")
-    if not fla_runs_on(q.device):
+    if not (fla_installed() and (q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")):
         raise RuntimeError(f"fla's kernels need fla-core and Triton (pip install .[gpu]) and a CUDA device, got "
                            f"{q.device}{'' if fla_installed() else ' and no fla-core'} (TRITON_INTERPRET=1 runs "
                            "them slowly on a CPU)")

@@ -8,30 +8,21 @@ from ..denominator import DEFAULT_EPS, compute_dtype, exact_dtypes, guarded_rati
 
 
 @exact_dtypes
-def naive_causal_rfa(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    log_g: Optional[Tensor] = None,
-    initial_state: Optional[Tensor] = None,
-    output_final_state: bool = False,
-    eps: float = DEFAULT_EPS,
-    convex: bool = True,
-) -> Tuple[Tensor, Optional[Tensor]]:
+def naive_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
+                     initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+                     eps: float = DEFAULT_EPS, convex: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
     """Causal (gated) RFA by an explicit loop over time. The contract of every causal form
     (``chunk_causal_rfa``, ``recurrent_causal_rfa``):
 
     Args:
-        q, k: feature-mapped queries and keys ``[B, H, T, F]``.
-        v: values ``[B, H, T, K]``.
+        q, k: feature-mapped queries and keys ``[B, H, T, F]``; v: values ``[B, H, T, K]``.
         log_g: log of the gate ``[B, H, T]`` (``<= 0``), or None for plain RFA.
         initial_state: the state to start from, ``[S | z]`` packed as ``[B, H, F, K + 1]`` (``z``
             is the last column; the layout of every RFA state in the package), or None (zeros).
         output_final_state: also return the final state (fp32; fp64 for fp64 inputs).
-        convex: with a gate, write with weight ``1 - g_t`` (the paper's form, below); False: the
-            decay form ``S_t = g_t S_{t-1} + k_t v_t^T`` (the RFA slides, GLA).
-    Returns:
-        ``(out [B, H, T, K]`` in the dtype of ``v``, the final state or None``)``.
+        convex: with a gate, write with weight ``1 - g_t`` (the paper's form, below); False: the decay form
+            ``S_t = g_t S_{t-1} + k_t v_t^T`` (the RFA slides, GLA).
+    Returns ``(out [B, H, T, K]`` in the dtype of ``v``, the final state or None``)``:
 
         S_t = g_t S_{t-1} + (1 - g_t) k_t v_t^T,  z_t = g_t z_{t-1} + (1 - g_t) k_t
         out_t = q_t^T S_t / max(q_t . z_t, eps)      (g_t = 1 without a gate)

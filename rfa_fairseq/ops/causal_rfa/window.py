@@ -117,6 +117,8 @@ def window_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
     corrected from ``phi . phi`` to the exact kernel."""
     B, H, T, K = v.shape
     W = window
+    if W < 1:
+        raise ValueError(f"window must be positive, got {W} (a window of 0 keys is plain RFA: chunk_causal_rfa)")
     if initial_state is None and T <= W and not output_final_state:  # training on sentences: exact attention
         return naive_window_causal_rfa(q, k, v, log_g, kernel=kernel, random_matrix=random_matrix, window=W, pad=pad,
                                        eps=eps, convex=convex)
