@@ -93,31 +93,31 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _heads(self, x: Tensor, key_padding_mask: Optional[Tensor]):
-        """The heads ``q, k, v [B, H, T, K]`` (before the feature map), ``log g [B, H, T]`` (or None; 0 at the
-        pads) and the padding ``[B, 1, T]`` (or None), from ``x [T, B, C]``."""
+        """From ``x [T, B, C]``: the heads ``qk [2, B, H, T, K]`` (queries, keys) and ``v [B, H, T, K]``, views of
+        one projection, ``log g [B, H, T]`` (or None; 0 at the pads) and the padding ``[B, 1, T]`` (or None)."""
         T, B, C = x.shape
         y = self.in_proj(x)
-        q, k, v = y[..., :3 * C].view(T, B, 3, self.num_heads, self.head_dim).permute(2, 1, 3, 0, 4)
+        qkv = y[..., :3 * C].view(T, B, 3, self.num_heads, self.head_dim).permute(2, 1, 3, 0, 4)
         log_g = pad = None
         if self.gated:
             log_g = F.logsigmoid(y[..., 3 * C:].to(compute_dtype(y))).permute(1, 2, 0)  # [B, H, T], fp32 (fp64 for fp64)
         if key_padding_mask is not None:
             # A padded step neither writes (k = 0) nor decays (log g = 0) the state.
-            pad = key_padding_mask.to(torch.bool)[:, None, :]
+            pad = key_padding_mask.unsqueeze(1)
+            pad = pad if pad.dtype == torch.bool else pad.bool()
             if log_g is not None:
                 log_g = log_g.masked_fill(pad, 0.0)
-        return q, k, v, log_g, pad
+        return qkv[:2], qkv[2], log_g, pad
 
     def _inputs(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor] = None):
         """What this module's op takes: ``q, k [B, H, T, F]`` (phi(k) = 0 at the pads; the window's: the scaled
         inputs), ``v``, ``log g`` (or None) and the op's keywords."""
-        q, k, v, log_g, pad = self._heads(x, key_padding_mask)
-        fm, B = self.feature_map, q.size(0)
+        qk, v, log_g, pad = self._heads(x, key_padding_mask)
+        fm = self.feature_map
         if self.local_window:
-            qk = fm.scale(torch.cat([q, k], dim=0))
-            return qk[:B], qk[B:], v, log_g, dict(kernel=fm.kernel, random_matrix=fm.matrix(random_matrix), pad=pad)
-        qk = fm(torch.cat([q, k], dim=0), random_matrix)  # queries and keys share the map: one batch
-        q, k = qk[:B], qk[B:]
+            q, k = fm.scale(qk)
+            return q, k, v, log_g, dict(kernel=fm.kernel, random_matrix=fm.matrix(random_matrix), pad=pad)
+        q, k = fm(qk, random_matrix)  # queries and keys share the map: one call
         return q, (k if pad is None else k.masked_fill(pad.unsqueeze(-1), 0.0)), v, log_g, {}
 
     def _segment(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor],

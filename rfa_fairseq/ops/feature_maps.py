@@ -44,12 +44,12 @@ def l2_normalize(x: Tensor, eps: float = NORM_EPS) -> Tensor:
 
 
 def project(x: Tensor, random_matrix: Tensor) -> Tensor:
-    """``w_i . x`` for every random row: ``[B, H, T, K]`` x ``[H, D, K]`` -> ``[B, H, T, D]``. One bmm over
-    heads with each head's ``B * T`` rows stacked: the matrix is never expanded per batch row (which would
-    copy it for every beam-search hypothesis)."""
-    B, H, T, K = x.shape
-    rows = x.transpose(0, 1).reshape(H, B * T, K)
-    return torch.bmm(rows, random_matrix.transpose(1, 2)).view(H, B, T, -1).transpose(0, 1)
+    """``w_i . x`` for every random row: ``[..., H, T, K]`` x ``[H, D, K]`` -> ``[..., H, T, D]``. One bmm over
+    heads with each head's rows stacked: the matrix is never expanded per batch row (which would copy it for
+    every beam-search hypothesis)."""
+    *lead, H, T, K = x.shape
+    rows = x.movedim(-3, 0).reshape(H, -1, K)
+    return torch.bmm(rows, random_matrix.transpose(1, 2)).view(H, *lead, T, -1).movedim(0, -3)
 
 
 def random_fourier_features(x: Tensor, random_matrix: Tensor) -> Tensor:
@@ -159,10 +159,10 @@ def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor) -> Tuple[Tensor,
 
 
 def gaussian_step_features(x: Tensor, projection: Tensor, phase: Tensor) -> Tensor:
-    """``feature_map("gaussian", x, sigma, random_matrix)`` for ``x [B, H, T, K]`` from :func:`gaussian_step_weights`:
-    ``[B, H, T, 2 D]`` in the dtype of ``projection``, in a third fewer operators (what a decoding step's time is)."""
-    B, H, T, K = x.shape
-    rows = l2_normalize(as_dtype(x, projection.dtype)).transpose(0, 1).reshape(H, B * T, K)
+    """``feature_map("gaussian", x, sigma, random_matrix)`` for ``x [..., H, T, K]`` from :func:`gaussian_step_weights`:
+    ``[..., H, T, 2 D]`` in the dtype of ``projection``, in a third fewer operators (what a decoding step's time is)."""
+    *lead, H, T, K = x.shape
+    rows = l2_normalize(as_dtype(x, projection.dtype)).movedim(-3, 0).reshape(H, -1, K)
     # bmm then add_, not baddbmm: baddbmm copies the broadcast phases into its output first
     phi = torch.bmm(rows, projection).add_(phase).sin_().mul_((projection.size(-1) // 2) ** -0.5)  # D^-1/2
-    return phi.view(H, B, T, -1).transpose(0, 1)
+    return phi.view(H, *lead, T, -1).movedim(0, -3)

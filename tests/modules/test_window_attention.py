@@ -18,7 +18,7 @@ def attention(window=4, **kw):
 
 
 def reference(attn, x, mask=None):
-    q, k, v, log_g, pad = attn._heads(x, mask)
+    (q, k), v, log_g, pad = attn._heads(x, mask)
     fm = attn.feature_map
     o, _ = naive_window_causal_rfa(fm.scale(q), fm.scale(k), v, log_g, kernel=fm.kernel, random_matrix=fm.random_matrix,
                                    window=attn.local_window, pad=pad, convex=attn.convex)
