@@ -145,3 +145,25 @@ def test_strong_gates_over_a_long_sequence_keep_gradients_finite(gen):
     out, _ = window_op(window_causal_rfa, "gaussian", matrix, 8, chunk_size=5)(x, y, v.requires_grad_(), log_g)
     out.sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(log_g.grad).all() and torch.isfinite(v.grad).all()
+
+
+@pytest.mark.slow  # Inductor compiles the step (about a minute)
+def test_the_compiled_step_compiles_once_and_equals_the_eager_step(gen):
+    """The ring's position is a tensor, so torch.compile traces one graph for every step."""
+    from torch._dynamo.utils import counters
+
+    x, y, v, log_g, matrix = inputs(gen, 12, dtype=torch.float32)
+    _, state = window_causal_rfa(x, y, v, log_g, None, True, kernel="gaussian", random_matrix=matrix, window=5)
+    eager = WindowState(*(t.clone() for t in state))
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(lambda *a: window_causal_rfa_step(*a, kernel="gaussian", random_matrix=matrix, inplace=True),
+                         dynamic=False)
+    with torch.no_grad():
+        for t in range(8):
+            q, k, w = (torch.randn(B, H, K, generator=gen) for _ in range(3))
+            lg = torch.nn.functional.logsigmoid(torch.randn(B, H, generator=gen))
+            out, state = step(q, k, w, lg, state)
+            ref, eager = window_causal_rfa_step(q, k, w, lg, eager, kernel="gaussian", random_matrix=matrix)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
