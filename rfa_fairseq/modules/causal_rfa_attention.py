@@ -8,7 +8,7 @@ One linear layer, ``in_proj``, computes q, k, v and the gate's logit, in trainin
 (checkpoints with the separate ``q_proj``, ``k_proj``, ``v_proj`` and ``gate_proj`` of earlier versions load
 into it). With an incremental state the module keeps its op's state under its key: ``{"state": [S | z]}``
 (``[B, H, F, K + 1]`` in fp32, the layout of every op in ``ops``), with a local window also the ring of
-:class:`ops.WindowState` (``ring``, ``slot``), each beside a spare buffer for beam reorders;
+:class:`ops.WindowState` (``keys``, ``values``, ``slot``), each beside a spare buffer for beam reorders;
 its size does not depend on the tokens before. One token is a recurrent step (pads masked in it, nothing
 read back to the host); several (a prompt, a stateful language model's next block) go through the chunked
 form from the state and leave their final state there.

@@ -59,7 +59,8 @@ def test_steps_after_a_prefix_and_beam_reorders_follow_the_histories():
             steps.append(attn(history[t:t + 1], incremental_state=state)[0])
             places.append({n: b.data_ptr() for n, b in attn._get_input_buffer(state).items()})
             attn.reorder_incremental_state(state, torch.arange(3))
-        assert set(places[0]) == {"state", "ring", "slot", "spare_state", "spare_ring", "spare_slot"}
+        assert set(places[0]) == {"state", "keys", "values", "slot"} | {"spare_" + n for n in ("state", "keys",
+                                                                                                 "values", "slot")}
         assert places[1] != places[0] and places[2] == places[0] and places[3] == places[1]
         torch.testing.assert_close(torch.cat(steps), attn(history)[0][10:], rtol=1e-10, atol=1e-10)
 
@@ -75,5 +76,5 @@ def test_blocks_with_the_carried_state_equal_one_pass():
     last, _ = attn(x[12:], key_padding_mask=no_pad(18), incremental_state=state)
     torch.testing.assert_close(torch.cat(first + [last]), reference(attn, x), rtol=1e-9, atol=1e-9)
     buffer = attn._get_input_buffer(state)
-    assert buffer["ring"].shape == (2, H, 7, 2 * (C // H) + 1) and buffer["state"].shape[:2] == (2, H)
+    assert buffer["keys"].shape == (2, H, 7, C // H) and buffer["values"].shape == (2, H, 7, C // H + 1)
     assert torch.autograd.grad(last.sum(), attn.feature_map.sigma)[0].abs().sum() > 0

@@ -104,7 +104,7 @@ def test_chunked_gradients_equal_the_naive_reference(gate, gen):
     _, start = window_causal_rfa(x[:, :, :9], y[:, :, :9], v[:, :, :9], part(log_g, 0, 9), None, True,
                                  kernel="gaussian", random_matrix=matrix, window=6)
     start = WindowState(*(t.requires_grad_() if t.is_floating_point() else t for t in start))
-    leaves = [t.requires_grad_() for t in (x, y, v) + ((log_g,) if gated else ())] + [start.state, start.ring]
+    leaves = [t.requires_grad_() for t in (x, y, v) + ((log_g,) if gated else ())] + [start.state, start.values]
     outs = [window_op(op, "gaussian", matrix, 6, convex=convex)(x, y, v, log_g, start, True)
             for op in (window_causal_rfa, naive_window_causal_rfa)]
     w = torch.randn(outs[0][0].shape, generator=gen, dtype=x.dtype)

@@ -27,31 +27,22 @@ from .recurrent import advance, gate_weights
 
 class WindowState(NamedTuple):
     state: Tensor  # [B, H, F, K + 1]: [S | z] of the keys older than the window
-    # [B, H, W, 2 K + 1]: the last W keys (``keys``) and their [v | 1] times the weight a_tj of the last query t
-    # (``values``), a ring whose oldest entry is at ``slot``; zeros before the first
-    ring: Tensor
-    slot: Tensor  # [B] (int64): each row's oldest entry, which the next token's replaces
-
-    @property
-    def keys(self) -> Tensor:  # [B, H, W, K], a view
-        return self.ring[..., :self.ring.size(-1) // 2]
-
-    @property
-    def values(self) -> Tensor:  # [B, H, W, K + 1], a view
-        return self.ring[..., self.ring.size(-1) // 2:]
+    keys: Tensor  # [B, H, W, K]: the last W keys, a ring whose oldest is at `slot`; zeros before the first
+    values: Tensor  # [B, H, W, K + 1]: their [v | 1] times the weight a_tj of the last query t; zeros before the first
+    slot: Tensor  # [B] (int64): each row's oldest key, which the next token's key replaces
 
     def in_time_order(self) -> "WindowState":
-        """The same state with the oldest entry in slot 0."""
-        B, H, W, R = self.ring.shape
+        """The same state with the oldest key in slot 0."""
+        B, H, W, K = self.keys.shape
         order = (torch.arange(W, device=self.slot.device) + self.slot[:, None]) % W  # [B, W]
-        ring = self.ring.gather(2, order[:, None, :, None].expand(B, H, W, R))
-        return WindowState(self.state, ring, torch.zeros_like(self.slot))
+        take = lambda t: t.gather(2, order[:, None, :, None].expand(B, H, W, t.size(-1)))  # noqa: E731
+        return WindowState(self.state, take(self.keys), take(self.values), torch.zeros_like(self.slot))
 
 
 def empty_window_state(B: int, H: int, Fd: int, K: int, window: int, like: Tensor) -> WindowState:
     acc = compute_dtype(like)
-    return WindowState(like.new_zeros(B, H, Fd, K + 1, dtype=acc), like.new_zeros(B, H, window, 2 * K + 1, dtype=acc),
-                       torch.zeros(B, dtype=torch.long, device=like.device))
+    return WindowState(like.new_zeros(B, H, Fd, K + 1, dtype=acc), like.new_zeros(B, H, window, K, dtype=acc),
+                       like.new_zeros(B, H, window, K + 1, dtype=acc), torch.zeros(B, dtype=torch.long, device=like.device))
 
 
 def _write(log_g: Optional[Tensor], like: Tensor, convex: bool, pad: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
@@ -82,11 +73,11 @@ def _extended(q, k, v, log_g, initial_state, convex, pad, W):
 def _final(keys, vals, cum, cum_k, W, S):
     """The final :class:`WindowState` from the old state's part ``S`` and the ``W + T`` keys: the last ``W`` keys
     stay in the ring, with their values weighted for the last query (copies: no views of the block's tensors)."""
-    vals = vals[:, :, -W:]
     if cum.size(-1):
-        vals = vals * torch.exp(cum[..., -1:] - cum_k[..., -W:]).to(vals.dtype).unsqueeze(-1)
-    slot = torch.zeros(keys.size(0), dtype=torch.long, device=keys.device)
-    return WindowState(S, torch.cat([keys[:, :, -W:], vals], -1), slot)
+        vals = vals[:, :, -W:] * torch.exp(cum[..., -1:] - cum_k[..., -W:]).to(vals.dtype).unsqueeze(-1)
+    else:
+        vals = vals[:, :, -W:].clone()
+    return WindowState(S, keys[:, :, -W:].clone(), vals, torch.zeros(keys.size(0), dtype=torch.long, device=keys.device))
 
 
 @exact_dtypes
@@ -176,16 +167,16 @@ def window_causal_rfa_step(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tens
     decay, v1 = gate_weights(v, log_g, acc, convex)
     if pad is not None:
         v1 = v1.masked_fill(pad.unsqueeze(-1), 0.0)
-    S, ring, slot = state if inplace else (t.clone() for t in state)
-    B, H, W, R = ring.shape
-    K = R // 2
-    at = slot.view(B, 1, 1, 1).expand(B, H, 1, R)
+    S, keys, values, slot = state if inplace else (t.clone() for t in state)
+    B, H, W, K = keys.shape
+    at = slot.view(B, 1, 1, 1)
     if decay is not None:
-        ring[..., K:].mul_(decay)
-    leaving = ring.gather(2, at).squeeze(2)  # [B, H, 2 K + 1]: the oldest key, its weighted [v | 1]
-    phi = features(kernel, torch.stack([q, leaving[..., :K]], 2), random_matrix)  # the query's, the leaving key's
-    S = advance(S, decay, phi[:, :, 1], leaving[..., K:], inplace=True)
-    ring.scatter_(2, at, torch.cat([k, v1], -1).unsqueeze(2))
+        values.mul_(decay)
+    leaving = keys.gather(2, at.expand(B, H, 1, K))
+    phi = features(kernel, torch.cat([q.unsqueeze(2), leaving], 2), random_matrix)  # the query's, the leaving key's
+    S = advance(S, decay, phi[:, :, 1], values.gather(2, at.expand(B, H, 1, K + 1)).squeeze(2), inplace=True)
+    keys.scatter_(2, at.expand(B, H, 1, K), k.unsqueeze(2))
+    values.scatter_(2, at.expand(B, H, 1, K + 1), v1.unsqueeze(2))
     slot.add_(1).remainder_(W)
-    o = (phi[:, :, :1] @ S + exact_kernel(kernel, q.unsqueeze(2), ring[..., :K]) @ ring[..., K:]).squeeze(2)
-    return guarded_ratio(o[..., :K], o[..., K], eps, v.dtype), WindowState(S, ring, slot)
+    o = (phi[:, :, :1] @ S + exact_kernel(kernel, q.unsqueeze(2), keys) @ values).squeeze(2)
+    return guarded_ratio(o[..., :K], o[..., K], eps, v.dtype), WindowState(S, keys, values, slot)
