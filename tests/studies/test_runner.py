@@ -1,7 +1,6 @@
 """results/runner.py with a stand-in study (no training): the queue skips recorded runs, resumes an
 interrupted one in its folder, keeps --updates probes apart, refuses bad input by name, and reports
 the mean and range over seeds."""
-import json
 import os
 import sys
 from types import SimpleNamespace

@@ -2,7 +2,6 @@
 JSONL still reports, and (slow) tiny runs of the translation, conversion and LM studies go through
 the real CLIs: fairseq-train, fairseq-generate + sacreBLEU, fairseq-eval-lm."""
 import gzip
-import json
 import os
 import re
 import shutil
