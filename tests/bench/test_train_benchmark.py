@@ -121,6 +121,7 @@ def fla_guard(monkeypatch):
 FLA_LM = ["lm", "--lengths", "16", "--tokens-per-batch", "32", "--variants", "sdpa", "rfa_gate_fla"] + COMMON
 
 
+@pytest.mark.slow  # fla's kernels in Triton's interpreter (about 20 s)
 def test_fla_unguard_checks_gradients_then_lifts_the_guard_that_stops_fla(fla_guard, tmp_path):
     from rfa_fairseq.ops.causal_rfa.fla import fla_causal_rfa
 

@@ -207,6 +207,7 @@ def test_rescoring_leaves_a_run_whose_folder_now_holds_another_runs_outputs(monk
                                                                  "test_align_last": 0.3}
 
 
+@pytest.mark.slow  # trains and scores through the command lines (about 45 s)
 def test_a_tiny_stateful_lm_run(tmp_path, monkeypatch):
     src = tmp_path / "src"
     src.mkdir()
