@@ -53,11 +53,12 @@ class StepGraphs:
                              "(--adaptive-input, --character-embeddings) reads its masks back to the host and cannot "
                              "be captured")
         self.decoder, self.max_graphs = decoder, max_graphs
-        self.graphs: "OrderedDict[tuple, tuple]" = OrderedDict()  # key -> (tokens buffer, position buffer, replay)
+        self.graphs: "OrderedDict[tuple, tuple]" = OrderedDict()  # key -> (tokens, position, sentence buffers, replay)
         self.seen_once: set = set()
         self.pool = None
 
-    def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state) -> Optional[Tensor]:
+    def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state,
+                 sentence: Optional[Tensor] = None) -> Optional[Tensor]:
         """The step's output from a graph, or None where the step is to run eagerly."""
         if torch.is_grad_enabled() or not captures_on(tokens.device):
             return None
@@ -71,16 +72,18 @@ class StepGraphs:
                 return None
             self.seen_once.discard(key)
             try:
-                entry = self.graphs[key] = self._capture(tokens, position, encoder_out, incremental_state)
+                entry = self.graphs[key] = self._capture(tokens, position, encoder_out, incremental_state, sentence)
             except RuntimeError as e:
                 raise RuntimeError(f"--cuda-graphs: capturing the decoding step of {tokens.size(0)} rows failed "
                                    f"({e}); decode without --cuda-graphs") from e
             if len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)
         self.graphs.move_to_end(key)
-        token_buffer, position_buffer, replay = entry
+        token_buffer, position_buffer, sentence_buffer, replay = entry
         token_buffer.copy_(tokens)
         position_buffer.fill_(position)
+        if sentence is not None:
+            sentence_buffer.copy_(sentence)
         return replay()
 
     def _key(self, tokens: Tensor, incremental_state) -> tuple:
@@ -89,15 +92,16 @@ class StepGraphs:
         table = self.decoder._position_table() if self.decoder.embed_positions is not None else None
         return (tokens.shape, tokens.device, None if table is None else table.data_ptr(), state)
 
-    def _capture(self, tokens: Tensor, position: int, encoder_out, incremental_state):
-        token_buffer = tokens.clone()
+    def _capture(self, tokens: Tensor, position: int, encoder_out, incremental_state, sentence: Optional[Tensor]):
+        token_buffer, sentence_buffer = tokens.clone(), None if sentence is None else sentence.clone()
         position_buffer = torch.full((1,), position, dtype=torch.long, device=tokens.device)
         if self.pool is None and tokens.is_cuda:
             self.pool = torch.cuda.graph_pool_handle()
         copies = {name: {f: None if t is None else t.clone() for f, t in fields.items()}
                   for name, fields in incremental_state.items()}
         step = self.decoder.forward_step
-        replay = capture_cuda_graph(lambda: step(token_buffer, position_buffer, encoder_out, incremental_state),
-                                    lambda: step(token_buffer, position_buffer, encoder_out, copies), self.pool)
-        return token_buffer, position_buffer, replay
+        replay = capture_cuda_graph(
+            lambda: step(token_buffer, position_buffer, encoder_out, incremental_state, sentence_buffer),
+            lambda: step(token_buffer, position_buffer, encoder_out, copies, sentence_buffer), self.pool)
+        return token_buffer, position_buffer, sentence_buffer, replay
 

@@ -11,6 +11,7 @@ from ..config import RFAConfig
 from ..modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap, SoftmaxCrossAttention
 from ..modules.random_feature_map import feature_map_id
 from ..modules.rfa_attention_base import IncrementalState
+from .sentence_index import sentence_embedding
 from .wrapping import wrap_layer
 
 # Bump when the RFA part of the state dict changes; upgrade_state_dict_named converts old ones.
@@ -104,6 +105,7 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         self.rfa, self.cross_attention = rfa, cross_attention
         self._layers_built = 0
         self.step_graphs = None  # rfa_fairseq.step_graphs.StepGraphs, set by rfa_fairseq.inference (--cuda-graphs)
+        self.sentence_separator = None  # the <sep> token's index with --sentence-index (set by the model's builder)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection, decoding_attention=decoding_attention)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
@@ -122,11 +124,13 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         if stream_state is None:
             if incremental_state and not (features_only or kwargs or self.decoding_attention):
                 tokens, position = prev_output_tokens[:, -1:], self._position_index(prev_output_tokens)
+                sentence = None if self.sentence_separator is None else prev_output_tokens.eq(
+                    self.sentence_separator).sum(1)
                 out = None if self.step_graphs is None else self.step_graphs(tokens, position, encoder_out,
-                                                                             incremental_state)
+                                                                             incremental_state, sentence)
                 if out is None:
                     out = self.forward_step(tokens, torch.full((1,), position, device=tokens.device), encoder_out,
-                                            incremental_state)
+                                            incremental_state, sentence)
                 return out, {"attn": [None], "inner_states": None}
             return super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)
         if incremental_state is not None or encoder_out is not None or kwargs.get("return_all_hiddens"):
@@ -140,16 +144,19 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         x = self._features(x)
         return (x if features_only else self.output_layer(x)), {"attn": [None], "inner_states": [x]}
 
-    def forward_step(self, tokens: Tensor, position: Tensor, encoder_out,
-                     incremental_state: IncrementalState) -> Tensor:
+    def forward_step(self, tokens: Tensor, position: Tensor, encoder_out, incremental_state: IncrementalState,
+                     sentence: Optional[Tensor] = None) -> Tensor:
         """One decoding step after the first: ``tokens [B, 1]`` (a pad neither writes nor decays a state) at
         ``position`` (``[1]``, the position table's row: ``padding_idx`` + the tokens so far), every layer's state
-        in ``incremental_state``: ``output_layer``'s ``[B, 1, V]``. Graph-ready: it writes the causal states in
+        in ``incremental_state``, with ``--sentence-index`` each row's sentence number ``sentence [B]``:
+        ``output_layer``'s ``[B, 1, V]``. Graph-ready: it writes the causal states in
         place, reads the source only through the cross attention's state (``encoder_out``, unread, tells fairseq's
         layer to run cross attention), reads nothing back to the host and keeps nothing it allocates."""
         positions = None
         if self.embed_positions is not None:
             positions = self._position_table().index_select(0, position)  # [1, C], the same for every row
+            if sentence is not None:
+                positions = positions + sentence_embedding(sentence, positions.size(-1)).to(positions.dtype)[:, None]
         x = self._embed(tokens, positions)
         enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
         pad = tokens.eq(self.padding_idx)

@@ -19,6 +19,7 @@ from ..validation import divisible_heads
 from ..inference import InferenceConfig, InferenceMixin
 from .rfa_decoder import RFATransformerDecoder, SoftmaxTransformerDecoder
 from .rfa_encoder import RFATransformerEncoder, SoftmaxTransformerEncoder
+from .sentence_index import add_sentence_index, separator_index
 from .translation_config import TranslationAttentionConfig, attention_config_from, fill_attention_defaults
 
 
@@ -73,19 +74,27 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
         # cfg: fairseq's TransformerConfig, which keeps the unknown (encoder_attention, ...) attributes.
         attention = attention_config_from(cfg)
         if attention.encoder_attention == "softmax":
-            return SoftmaxTransformerEncoder(cfg, src_dict, embed_tokens)
-        return RFATransformerEncoder(cfg, src_dict, embed_tokens, attention)
+            encoder = SoftmaxTransformerEncoder(cfg, src_dict, embed_tokens)
+        else:
+            encoder = RFATransformerEncoder(cfg, src_dict, embed_tokens, attention)
+        if attention.sentence_index:
+            add_sentence_index(encoder.embed_positions, separator_index(src_dict, "source"), written=False)
+        return encoder
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         attention = attention_config_from(cfg)
         if attention.decoder_attention == "softmax":
-            return SoftmaxTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention,
-                                             decoding_attention=attention.decoding_attention)
-        # fairseq's TransformerConfig.from_namespace keeps unknown (rfa_*) attributes.
-        return RFATransformerDecoder(
-            cfg, tgt_dict, embed_tokens, rfa=rfa_config_from(cfg), no_encoder_attn=cfg.no_cross_attention,
-            cross_attention=attention.cross_attention, decoding_attention=attention.decoding_attention)
+            decoder = SoftmaxTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention,
+                                                decoding_attention=attention.decoding_attention)
+        else:  # fairseq's TransformerConfig.from_namespace keeps unknown (rfa_*) attributes.
+            decoder = RFATransformerDecoder(
+                cfg, tgt_dict, embed_tokens, rfa=rfa_config_from(cfg), no_encoder_attn=cfg.no_cross_attention,
+                cross_attention=attention.cross_attention, decoding_attention=attention.decoding_attention)
+        if attention.sentence_index:
+            decoder.sentence_separator = separator_index(tgt_dict, "target")
+            add_sentence_index(decoder.embed_positions, decoder.sentence_separator, written=True)
+        return decoder
 
 
 @register_model_architecture("rfa_transformer", "rfa_transformer")

@@ -38,6 +38,12 @@ class TranslationAttentionConfig(EncoderAttentionConfig):
                           "a beam x source x output copy of them after every step, as costly as the decoder at long "
                           "inputs. fairseq-generate --print-alignment does not need them (it aligns in its own pass)"},
     )
+    sentence_index: bool = field(
+        default=False,
+        metadata={"help": "documents with <sep> between sentences (scripts/make_documents.py): add to every source and "
+                          "target token's input a sinusoidal embedding of its sentence's number, the target's counted "
+                          "from the separators written (rfa_fairseq/models/sentence_index.py; docs/quality.md)"},
+    )
 
 
 ATTENTION_FIELDS = tuple(f.name for f in fields(TranslationAttentionConfig))
@@ -63,5 +69,6 @@ def attention_config_from(args) -> TranslationAttentionConfig:
     if values["cross_attention"] == "softmax":
         refuse_changed(args, RFA_CROSS_FIELDS, "RFA cross attention",
                        "with --cross-attention softmax (the default) the cross attention is fairseq's own")
-    values["decoding_attention"] = bool(values["decoding_attention"])
+    for name in ("decoding_attention", "sentence_index"):
+        values[name] = bool(values[name])
     return TranslationAttentionConfig(**values)

@@ -1,0 +1,98 @@
+"""``--sentence-index``: sentence numbers from the <sep> tokens, added to the inputs; decoding equals the full pass."""
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+from rfa_fairseq.models.sentence_index import sentence_embedding, sentence_numbers
+from rfa_fairseq.step_graphs import StepGraphs
+
+from rfa_test_utils import emulate_cuda_graphs, fx_capture, random_tokens
+
+SOFTMAX_CROSS = ["--cross-attention", "softmax", "--rfa-gate", "--rfa-causal-feature-dim", "64"]
+DECODERS = [pytest.param(SOFTMAX_CROSS, id="rfa-gate"), pytest.param(["--decoder-attention", "softmax"], id="softmax"),
+            pytest.param(SOFTMAX_CROSS + ["--decoder-learned-pos", "--encoder-learned-pos"], id="learned-positions")]
+
+
+@pytest.fixture
+def documents_model(translation_model, tmp_path):
+    """factory(*extra) -> (task, model, separator) with a <sep> in both dictionaries."""
+    for lang in ("de", "en"):
+        with open(tmp_path / f"dict.{lang}.txt", "a") as f:
+            f.write("<sep> 10\n")
+
+    def make(*extra):
+        task, model = translation_model(*extra, rfa_flags=False)
+        return task, model.eval(), task.target_dictionary.index("<sep>")
+    return make
+
+
+def _with_separators(dictionary, separator, batch, length, seed):
+    tokens = random_tokens(dictionary, batch, length, torch.Generator().manual_seed(seed))
+    tokens[:, 3::5] = separator
+    return tokens
+
+
+def test_sentence_numbers_count_separators():
+    tokens = torch.tensor([[5, 9, 6, 9, 9, 7]])  # 9: the separator
+    assert sentence_numbers(tokens, 9, written=False).tolist() == [[0, 0, 1, 1, 2, 3]]
+    assert sentence_numbers(tokens, 9, written=True).tolist() == [[0, 1, 1, 2, 3, 3]]
+    table = sentence_embedding(torch.arange(40), 33)
+    assert table.shape == (40, 33) and table[0].abs().max() == 0 and table[:, -1].abs().max() == 0
+    distances = torch.cdist(table, table) + torch.eye(40)
+    assert distances.min() > 0.1  # every number its own vector
+
+
+@pytest.mark.parametrize("extra", DECODERS)
+def test_incremental_decoding_equals_the_full_pass(documents_model, extra):
+    task, model, sep = documents_model("--sentence-index", *extra)
+    src = _with_separators(task.source_dictionary, sep, 3, 17, 1)
+    src[0, :4] = task.source_dictionary.pad()
+    lengths = src.ne(task.source_dictionary.pad()).sum(1)
+    prev = _with_separators(task.target_dictionary, sep, 3, 19, 2)
+    prev[:, 0] = task.target_dictionary.eos()
+    with torch.no_grad():
+        full, _ = model(src, lengths, prev)
+        enc, state, steps = model.encoder(src, src_lengths=lengths), {}, []
+        for t in range(prev.size(1)):
+            steps.append(model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)[0][:, -1])
+    torch.testing.assert_close(torch.stack(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_changes_nothing_without_separators_and_something_with_them(documents_model):
+    (task, plain, sep), (_, indexed, _) = documents_model(*SOFTMAX_CROSS), documents_model("--sentence-index", *SOFTMAX_CROSS)
+    assert torch.equal(torch.cat([p.flatten() for p in plain.parameters()]),
+                       torch.cat([p.flatten() for p in indexed.parameters()]))  # no weights of its own
+    src = random_tokens(task.source_dictionary, 2, 12, torch.Generator().manual_seed(3))
+    prev = random_tokens(task.target_dictionary, 2, 10, torch.Generator().manual_seed(4))
+    lengths = torch.full((2,), 12)
+    with torch.no_grad():
+        assert torch.equal(plain(src, lengths, prev)[0], indexed(src, lengths, prev)[0])
+        src[:, 5], prev[:, 4] = sep, sep
+        assert not torch.allclose(plain(src, lengths, prev)[0], indexed(src, lengths, prev)[0])
+
+
+def test_refused_without_a_separator(translation_model):
+    with pytest.raises(ValueError, match="--sentence-index counts <sep>"):
+        translation_model("--sentence-index", *SOFTMAX_CROSS, rfa_flags=False)
+
+
+def test_graphed_beam_search_equals_eager(documents_model, monkeypatch):
+    """The sentence numbers reach a replayed step through its buffer."""
+    emulate_cuda_graphs(monkeypatch, fx_capture)
+    task, model, sep = documents_model("--sentence-index", *SOFTMAX_CROSS)
+    with torch.no_grad():
+        model.decoder.output_projection.weight[sep] *= 3.0  # separators written often
+    src = _with_separators(task.source_dictionary, sep, 4, 16, 5)
+    src[:, -1] = task.source_dictionary.eos()
+    sample = {"id": torch.arange(4), "net_input": {"src_tokens": src, "src_lengths": torch.full((4,), 16)}}
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30, min_len=25)
+    with torch.no_grad():
+        eager = gen.forward(sample)
+        model.decoder.step_graphs = StepGraphs(model.decoder)
+        graphed = gen.forward(sample)
+    assert any((h["tokens"] == sep).sum() > 1 for nbest in eager for h in nbest)
+    assert model.decoder.step_graphs.graphs
+    for nbest_a, nbest_b in zip(eager, graphed, strict=True):
+        for a, b in zip(nbest_a, nbest_b, strict=True):
+            assert torch.equal(a["tokens"], b["tokens"])
+            torch.testing.assert_close(a["positional_scores"], b["positional_scores"], rtol=0, atol=1e-6)
