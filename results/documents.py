@@ -40,7 +40,8 @@ DEFAULT_VARIANTS = ["softmax", "gate_softcross"]
 METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [
     (f"test {lo}-{hi or ''}", f"test_bleu_{lo}", 2) for lo, hi in BUCKETS] + [
     ("test sentences / ref, 512-", "test_sentences_512", 2), ("test repeats, 512-", "test_repeats_512", 3),
-    ("test attention on its sentence, 512-", "test_align_last_512", 3)]
+    ("test attention on its sentence, 512-", "test_align_last_512", 3), ("test stays, 512-", "test_free_stay_512", 3),
+    ("test repeats that stay, 512-", "test_free_repeat_stay_512", 3)]
 TIME = "s_per_update_with_validation"
 
 
@@ -105,19 +106,22 @@ def sentence_share(attn, src, tgt, sep: int, pad: int):
     return (attn * same).sum(-1), same.sum(-1) / (src != pad).sum(1, keepdim=True)
 
 
-def alignment(ckpt: Path, data: Path, split: str) -> dict:
-    """sentence_share's mean over ``split``'s target tokens (teacher-forced), per decoder layer (``align_L``, ``align_last``)
-    and flat (``align_flat``); ``..._512``: documents above 512 target subwords."""
+def _model(ckpt: Path, data: Path, split: str):
     import argparse
-    import torch
     from fairseq import checkpoint_utils, utils
     utils.import_user_module(argparse.Namespace(user_dir=str(ROOT / "rfa_fairseq")))
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides={"data": str(data / "bin")})
-    model = models[0].eval()
     task.load_dataset(split)
-    ds, sep = task.dataset(split), task.tgt_dict.index("<sep>")
+    sep = task.tgt_dict.index("<sep>")
     assert task.src_dict.index("<sep>") == sep != task.tgt_dict.unk(), "documents have a <sep> in a joined dictionary"
-    sizes = [int(n) for n in (data / f"{split}.tgt_tokens").read_text().split()]
+    return models[0].eval(), task, task.dataset(split), sep, [int(n) for n in (data / f"{split}.tgt_tokens").read_text().split()]
+
+
+def alignment(ckpt: Path, data: Path, split: str) -> dict:
+    """sentence_share's mean over ``split``'s target tokens (teacher-forced), per decoder layer (``align_L``, ``align_last``)
+    and flat (``align_flat``); ``..._512``: documents above 512 target subwords."""
+    import torch
+    model, task, ds, sep, sizes = _model(ckpt, data, split)
     sums, layers = {}, len(model.decoder.layers)
     with torch.no_grad():
         for i in range(len(ds)):
@@ -133,6 +137,49 @@ def alignment(ckpt: Path, data: Path, split: str) -> dict:
     return {f"{split}_{k}": round(total / n, 3) for k, (total, n) in sums.items()}
 
 
+def sentence_places(attn, src, tgt, sep: int) -> list:
+    """Each target sentence's source sentence: the one ``attn [Tt, Ts]`` weighs most over its tokens (``src [Ts]``,
+    ``tgt [Tt]``; a separator ends a sentence)."""
+    number = lambda t: (t == sep).long().cumsum(0) - (t == sep).long()  # noqa: E731
+    by_source = attn.new_zeros(attn.size(0), int(number(src).max()) + 1).index_add_(1, number(src), attn)
+    return attn.new_zeros(int(number(tgt).max()) + 1, by_source.size(1)).index_add_(0, number(tgt), by_source).argmax(1).tolist()
+
+
+def place_counts(written: list, on: list, counts: dict):
+    """Add a document's sentences (``written``) and their source sentences (``on``) to ``counts``."""
+    for j in range(1, len(written)):
+        counts["sentences"] += 1
+        counts["advance"] += on[j] == on[j - 1] + 1
+        counts["stay"] += on[j] == on[j - 1]
+        if written[j] == written[j - 1]:
+            counts["repeats"] += 1
+            counts["repeat_stay"] += on[j] == on[j - 1]
+            counts["before_repeat_on_number"] += on[j - 1] == j - 1
+
+
+def placement(ckpt: Path, data: Path, out: Path, split: str) -> dict:
+    """Where the free-running decoder is, over documents above 512 subwords: each written sentence's source sentence
+    (sentence_places of the last layer; the hypotheses re-encoded and teacher-forced: the attention they were written
+    with). Shares of sentences that move to the next source sentence (``advance``) or stay on the one before
+    (``stay``); of repeated sentences, those that stay; of the sentences before a repeat, those on their number."""
+    import sentencepiece
+    import torch
+    model, task, ds, sep, sizes = _model(ckpt, data, split)
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(data.parent / "data" / "spm.model"))
+    counts = dict(sentences=0, advance=0, stay=0, repeats=0, repeat_stay=0, before_repeat_on_number=0)
+    for i, hyp in enumerate(hypotheses(out / f"generate.{split}.out")):
+        if sizes[i] > 512:
+            written = split_document(hyp)
+            line = " <sep> ".join(" ".join(sp.encode(s, out_type=str)) for s in written)
+            tgt, src = task.tgt_dict.encode_line(line, add_if_not_exist=False).long(), ds[i]["source"]
+            with torch.no_grad():  # prev_output_tokens: eos first
+                attn = model(src[None], torch.tensor([src.numel()]), torch.cat([tgt[-1:], tgt[:-1]])[None],
+                             alignment_layer=len(model.decoder.layers) - 1)[1]["attn"][0][0]
+            place_counts(written, sentence_places(attn, src, tgt, sep), counts)
+    n, r = max(counts.pop("sentences"), 1), max(counts.pop("repeats"), 1)
+    return {f"{split}_free_{k}_512": round(v / (n if k in ("advance", "stay") else r), 3) for k, v in counts.items()}
+
+
 def rescore(variant, s, seed, data, out, a, record) -> dict:
     """The scores again and the alignment; nothing if the folder's outputs are another run's (other scores)."""
     found = {k: v for split in ("valid", "test") for k, v in scores(out, data, split).items()}
@@ -140,7 +187,7 @@ def rescore(variant, s, seed, data, out, a, record) -> dict:
         print(f"[{NAME}]   {out} holds another run's outputs ({found['valid_bleu']} / {found['test_bleu']} BLEU, "
               f"recorded {record.get('valid_bleu')} / {record.get('test_bleu')}): left as recorded", flush=True)
         return {}
-    return {**found, **alignment(out / "checkpoint_last.pt", data, "test")}
+    return {**found, **alignment(out / "checkpoint_last.pt", data, "test"), **placement(out / "checkpoint_last.pt", data, out, "test")}
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
@@ -159,7 +206,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
         r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref.en", out, a,  # scores replaced below
                  post=("--post-process", "sentencepiece", *POSITIONS, *GENERATE))
         record.update(scores(out, data, split), **{f"{split}_tokens_per_s": r.get("tokens_per_s")})
-    record.update(alignment(out / "checkpoint_last.pt", data, "test"))
+    record.update(alignment(out / "checkpoint_last.pt", data, "test"), **placement(out / "checkpoint_last.pt", data, out, "test"))
     (out / "record.json").write_text(json.dumps(record))
     return record
 

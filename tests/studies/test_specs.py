@@ -151,6 +151,7 @@ def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_pa
     # softmax cross attention: its weight on each token's own source sentence is a share
     assert 0 <= record["test_align_last"] <= 1 and 0 <= record["test_align_last_512"] <= 1  # one layer: the last
     assert 0 < record["test_align_flat_512"] < record["test_align_flat"] < 1, "longer documents, more sentences"
+    assert all(0 <= record[f"test_free_{k}_512"] <= 1 for k in ("advance", "stay", "repeat_stay", "before_repeat_on_number"))
     generated = (work / "tiny" / "gate_softcross-seed1" / "generate.test.out").read_text()
     assert generated.count("\nH-") + generated.startswith("H-") == len(lengths)
     # the references are the shipped sentences, in order, a document a line
@@ -250,3 +251,16 @@ def test_a_tiny_listops_run(tmp_path, monkeypatch):
 def parse(table):
     head, _, *rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
     return [dict(zip(head, row)) for row in rows]
+
+
+def test_the_free_running_place_is_the_source_sentence_weighed_most_and_repeats_that_stay_are_counted():
+    sep = 5
+    src = torch.tensor([7, sep, 8, 9, sep, 10, 2])  # source sentences [7 sep] [8 9 sep] [10 </s>]
+    tgt = torch.tensor([11, sep, 12, sep, 12, 2])  # written: [11 sep] [12 sep] [12 </s>]
+    attn = torch.zeros(6, 7)
+    attn[:2, 0], attn[2:4, 2], attn[4:, 3] = 1, 0.6, 0.6  # sentence 0 on source 0, sentences 1 and 2 on source 1
+    attn[2:4, 5] = 0.4  # a smaller share elsewhere
+    assert documents.sentence_places(attn, src, tgt, sep) == [0, 1, 1]
+    counts = dict(sentences=0, advance=0, stay=0, repeats=0, repeat_stay=0, before_repeat_on_number=0)
+    documents.place_counts(["a", "b", "b"], [0, 1, 1], counts)
+    assert counts == dict(sentences=2, advance=1, stay=1, repeats=1, repeat_stay=1, before_repeat_on_number=1)
