@@ -7,7 +7,7 @@ from torch import Tensor, nn
 from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
-from ..config import RFAConfig
+from ..config import RFAConfig, softmax_layers
 from ..modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap, SoftmaxCrossAttention
 from ..modules.random_feature_map import feature_map_id
 from ..modules.rfa_attention_base import IncrementalState
@@ -47,6 +47,8 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
                                 init_sigma=rfa.rfa_init_sigma, module_id=module_id, fixed=rfa.rfa_fixed_features)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if self.layer_idx in softmax_layers(self.rfa):  # fairseq's
+            return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise ValueError("RFA self-attention supports neither add_bias_kv, add_zero_attn nor "
                              "--cross-self-attention")
@@ -104,6 +106,9 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                  output_projection=None, cross_attention: str = "rfa", decoding_attention: bool = False):
         self.rfa, self.cross_attention = rfa, cross_attention
         self._layers_built = 0
+        if softmax_layers(rfa) and max(softmax_layers(rfa)) >= cfg.decoder.layers:
+            raise ValueError(f"--rfa-softmax-layers {rfa.rfa_softmax_layers}: the decoder has layers 0 to "
+                             f"{cfg.decoder.layers - 1}")
         self.step_graphs = None  # rfa_fairseq.step_graphs.StepGraphs, set by rfa_fairseq.inference (--cuda-graphs)
         self.sentence_separator = None  # the <sep> token's index with --sentence-index (set by the model's builder)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
@@ -133,6 +138,9 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                                             incremental_state, sentence)
                 return out, {"attn": [None], "inner_states": None}
             return super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)
+        if softmax_layers(self.rfa):
+            raise ValueError("--rfa-softmax-layers: a stateful LM's streams carry RFA's fixed-size state, and a "
+                             "softmax layer's cache would grow over the whole stream")
         if incremental_state is not None or encoder_out is not None or kwargs.get("return_all_hiddens"):
             raise ValueError("stream_state continues text streams in a language model: it takes neither an "
                              "incremental state, an encoder output nor return_all_hiddens")
@@ -197,8 +205,9 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         return x if self.project_out_dim is None else self.project_out_dim(x)
 
     def buffered_future_mask(self, tensor):
-        """None: RFA is causal by construction, and fairseq's T x T mask would only cost O(T^2) memory."""
-        return None
+        """None: RFA is causal by construction, and fairseq's T x T mask would only cost O(T^2) memory; softmax
+        layers (``--rfa-softmax-layers``) need it."""
+        return super().buffered_future_mask(tensor) if softmax_layers(self.rfa) else None
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                                     full_context_alignment: bool = False, alignment_layer=None,

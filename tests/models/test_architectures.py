@@ -60,11 +60,26 @@ def test_translation_model_structure(translation_model):
     (["--decoder-attention-heads", "5"], "--decoder-attention-heads"),
     (["--rfa-local-window", "-1"], "--rfa-local-window"),
     (["--rfa-kernel", "elu", "--rfa-local-window", "8"], "--rfa-local-window needs a random-feature kernel"),
+    (["--rfa-softmax-layers", "0;1"], "--rfa-softmax-layers takes decoder layer numbers"),
+    (["--rfa-softmax-layers", "2"], "--rfa-softmax-layers 2: the decoder has layers 0 to 1"),
 ])
 def test_invalid_flag_values_name_the_flag(lm_model, translation_model, bad, flag):
     for make in (lm_model, translation_model):
         with pytest.raises(ValueError, match=flag):
             make(*bad)
+
+
+def test_a_hybrid_decoder_has_softmax_self_attention_where_asked(translation_model):
+    task, model = translation_model("--rfa-gate", "--rfa-softmax-layers", "1")
+    assert [type(layer.self_attn).__name__ for layer in model.decoder.layers] == ["CausalRFAttention",
+                                                                                 "MultiheadAttention"]
+    assert model.decoder.buffered_future_mask(torch.zeros(3, 2, 32)).isinf().sum() == 3  # causal: above the diagonal
+
+
+def test_a_hybrid_language_model_refuses_to_carry_streams(lm_model):
+    _, model = lm_model("--rfa-softmax-layers", "0")
+    with pytest.raises(ValueError, match="softmax layer's cache would grow over the whole stream"):
+        model.decoder(torch.full((2, 5), 7), stream_state={})
 
 
 @pytest.mark.parametrize("flag, value", [("--rfa-kernel", "laplace"), ("--rfa-gate-form", "additive")])
