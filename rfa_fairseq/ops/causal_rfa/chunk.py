@@ -17,12 +17,9 @@ from ..denominator import DEFAULT_EPS, compute_dtype, exact_dtypes, guarded_rati
 DEFAULT_CHUNK_SIZE = 64
 
 
-def _pad_time(x: Tensor, pad: int, dim: int = 2) -> Tensor:
-    if pad == 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = pad
-    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+def _pad_time(x: Tensor, pad: int) -> Tensor:
+    """``x`` with ``pad`` zeros after its last step (dim 2)."""
+    return torch.cat([x, x.new_zeros(*x.shape[:2], pad, *x.shape[3:])], dim=2) if pad else x
 
 
 @exact_dtypes

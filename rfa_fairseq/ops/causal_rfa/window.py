@@ -47,29 +47,23 @@ def empty_window_state(B: int, H: int, Fd: int, K: int, window: int, like: Tenso
                        like.new_zeros(B, H, window, K + 1, dtype=acc), torch.zeros(B, dtype=torch.long, device=like.device))
 
 
-def _write(log_g: Optional[Tensor], like: Tensor, convex: bool, pad: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
-    """The write weight of every position ``[B, H, T]`` (``1 - g`` with a convex gate, else 1; 0 at the pads)
-    and the log-gates (0 at the pads: they do not decay)."""
-    write = like.new_ones(like.shape[:3]) if log_g is None or not convex else -torch.expm1(log_g.to(like.dtype))
-    if pad is None:
-        return write, log_g
-    return write.masked_fill(pad, 0.0), None if log_g is None else log_g.masked_fill(pad, 0.0)
-
-
 def _extended(q, k, v, log_g, initial_state, convex, pad, W):
-    """What both chunked forms read: the scaled inputs in fp32, the write weights, the cumulative log-gates
-    ``[B, H, T]`` (fp64), and the ``W + T`` keys (the state's ring in time order, then the block's) with their
-    values (the ring's as they are, the block's ``write [v | 1]``) and the log-gate each is counted from."""
+    """What both chunked forms read: the scaled inputs in fp32, the log-gates (0 at the pads: they do not decay)
+    and their cumulative sums ``[B, H, T]`` (fp64), and the ``W + T`` keys (the state's ring in time order, then the
+    block's) with their values (the ring's as they are, the block's ``write [v | 1]``: ``1 - g`` with a convex gate,
+    else 1; 0 at the pads) and the log-gate each is counted from."""
     B, H, T, K = v.shape
     acc = compute_dtype(q)
     q, k = q.to(acc), k.to(acc)
-    write, log_g = _write(log_g, q, convex, pad)
+    write = q.new_ones(B, H, T) if log_g is None or not convex else -torch.expm1(log_g.to(acc))
+    if pad is not None:
+        write, log_g = write.masked_fill(pad, 0.0), None if log_g is None else log_g.masked_fill(pad, 0.0)
     first = None if initial_state is None else initial_state.in_time_order()
     ring_k = q.new_zeros(B, H, W, K) if first is None else first.keys
     ring_v = q.new_zeros(B, H, W, K + 1) if first is None else first.values
     cum = torch.zeros(B, H, T, dtype=torch.float64, device=q.device) if log_g is None else log_g.double().cumsum(-1)
     vals = torch.cat([ring_v, write.unsqueeze(-1) * F.pad(v.to(acc), (0, 1), value=1.0)], 2)
-    return q, k, log_g, write, cum, first, torch.cat([ring_k, k], 2), vals, F.pad(cum, (W, 0))
+    return q, k, log_g, cum, first, torch.cat([ring_k, k], 2), vals, F.pad(cum, (W, 0))
 
 
 def _final(keys, vals, cum, cum_k, W, S):
@@ -91,7 +85,7 @@ def naive_window_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Ten
     reference). ``q``, ``k``, ``v``: ``[B, H, T, K]``; ``log_g``: ``[B, H, T]`` or None; ``pad [B, 1, T]`` or
     None. Returns ``out [B, H, T, K]`` in the dtype of ``v`` and the final state (or None)."""
     T, W = q.size(2), window
-    q, k, log_g, _, cum, first, keys, vals, cum_k = _extended(q, k, v, log_g, initial_state, convex, pad, W)
+    q, k, log_g, cum, first, keys, vals, cum_k = _extended(q, k, v, log_g, initial_state, convex, pad, W)
     lag = torch.arange(T, device=q.device)[:, None] + W - torch.arange(W + T, device=q.device)[None, :]
     phi_q, phi_k = features(kernel, q, random_matrix), features(kernel, keys, random_matrix)
     scores = torch.where(lag < W, exact_kernel(kernel, q, keys), phi_q @ phi_k.transpose(-1, -2))
@@ -124,7 +118,7 @@ def window_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
     if initial_state is None and T <= W and not output_final_state:  # training on sentences: exact attention
         return naive_window_causal_rfa(q, k, v, log_g, kernel=kernel, random_matrix=random_matrix, window=W, pad=pad,
                                        eps=eps, convex=convex)
-    q, k, log_g, write, cum, first, keys, vals, cum_k = _extended(q, k, v, log_g, initial_state, convex, pad, W)
+    q, k, log_g, cum, first, keys, vals, cum_k = _extended(q, k, v, log_g, initial_state, convex, pad, W)
     phi_q, phis = features(kernel, q, random_matrix), features(kernel, keys, random_matrix)
     phi_k = phis[:, :, W:] if pad is None else phis[:, :, W:].masked_fill(pad.unsqueeze(-1), 0.0)
     # every key by its features, from the state of all keys before the block
