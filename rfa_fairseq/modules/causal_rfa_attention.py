@@ -167,19 +167,10 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         kw["pad"] = None if kw["pad"] is None else kw["pad"].select(2, 0)
         return window_causal_rfa_step(q, k, v, log_g, state, eps=self.eps, convex=self.convex, inplace=inplace, **kw)
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor] = None,
-        value: Optional[Tensor] = None,
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[IncrementalState] = None,
-        need_weights: bool = False,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
+                key_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
+                need_weights: bool = False, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
+                before_softmax: bool = False, need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad). With ``incremental_state``,
         the tokens continue this module's state there and leave it advanced. Returns ``([T, B, C], None)``:
         there is no attention matrix to return (``need_weights`` is accepted for compatibility)."""

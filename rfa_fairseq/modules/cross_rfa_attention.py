@@ -59,19 +59,10 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
             return {"k": k, "v": v, "key_padding_mask": key_padding_mask}
         return {"state": cross_rfa_state(k, v, key_padding_mask)}
 
-    def forward(
-        self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[IncrementalState] = None,
-        need_weights: bool = False,
-        static_kv: bool = True,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
+    def forward(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
+                key_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
+                need_weights: bool = False, static_kv: bool = True, attn_mask: Optional[Tensor] = None,
+                before_softmax: bool = False, need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """query: ``[Tq, B, C]``; key, value: ``[S, B, kdim]``; key_padding_mask: ``[B, S]``. Returns
         ``[Tq, B, C]`` and, if ``need_weights``, the implicit attention weights ``phi(q).phi(k_j) /
         max(phi(q).z, eps)``: ``[B, Tq, S]`` averaged over heads, or ``[H, B, Tq, S]`` with ``need_head_weights``."""
@@ -79,7 +70,8 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
             raise ValueError("CrossRFAttention supports neither attn_mask nor before_softmax")
         need_weights = need_weights or need_head_weights
         saved = self.get_incremental_state(incremental_state, self.STATE_KEY)  # None without a decoding state
-        if key is None and (saved is None or (need_weights and "k" not in saved)):
+        from_source = saved is None or (need_weights and "k" not in saved)
+        if key is None and from_source:
             raise ValueError("CrossRFAttention needs the encoder output (in decoding, on the first step)")
         value = key if value is None else value
         if incremental_state is None and not need_weights:
@@ -91,7 +83,7 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
             else:
                 out = self._whole(*heads, key_padding_mask, query.dtype)
             return self.out_proj(merge_heads(out)), None
-        if saved is None or (need_weights and "k" not in saved):
+        if from_source:
             rows = self.rows_per_source(query.size(1)) if incremental_state is not None else 1
             saved = self._source_state(key, value, key_padding_mask, rows, keep_keys=need_weights)
             self._set_input_buffer(incremental_state, saved)  # a no-op without a decoding state

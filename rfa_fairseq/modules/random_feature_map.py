@@ -43,17 +43,8 @@ class RandomFeatureMap(nn.Module):
     element-wise by the learned ``sigma [H, K]``, mapped by ``kernel`` (``ops.feature_maps``) to
     ``[B, H, T, F]`` in fp32."""
 
-    def __init__(
-        self,
-        num_heads: int,
-        head_dim: int,
-        num_features: int,
-        kernel: str = "gaussian",
-        random_matrix: str = "orthogonal",
-        init_sigma: float = 1.0,
-        module_id: int = 0,
-        fixed: bool = False,
-    ):
+    def __init__(self, num_heads: int, head_dim: int, num_features: int, kernel: str = "gaussian",
+                 random_matrix: str = "orthogonal", init_sigma: float = 1.0, module_id: int = 0, fixed: bool = False):
         super().__init__()
         self.fixed = fixed
         self.num_heads, self.head_dim, self.num_features = num_heads, head_dim, num_features

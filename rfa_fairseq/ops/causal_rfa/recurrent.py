@@ -40,16 +40,9 @@ def advance(state: Optional[Tensor], decay: Optional[Tensor], k: Tensor, v1: Ten
 
 
 @exact_dtypes
-def recurrent_causal_rfa_step(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    log_g: Optional[Tensor] = None,
-    state: Optional[Tensor] = None,
-    eps: float = DEFAULT_EPS,
-    convex: bool = True,
-    inplace: bool = False,
-) -> Tuple[Tensor, Tensor]:
+def recurrent_causal_rfa_step(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
+                              state: Optional[Tensor] = None, eps: float = DEFAULT_EPS, convex: bool = True,
+                              inplace: bool = False) -> Tuple[Tensor, Tensor]:
     """Advance the state by one token and read it out:
 
         [S | z]_t = g_t [S | z]_{t-1} + phi(k_t) [(1 - g_t) v_t | (1 - g_t)]   (g_t = 1 without a gate)
@@ -74,16 +67,9 @@ def recurrent_causal_rfa_step(
 
 
 @exact_dtypes
-def recurrent_causal_rfa(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    log_g: Optional[Tensor] = None,
-    initial_state: Optional[Tensor] = None,
-    output_final_state: bool = False,
-    eps: float = DEFAULT_EPS,
-    convex: bool = True,
-) -> Tuple[Tensor, Optional[Tensor]]:
+def recurrent_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
+                         initial_state: Optional[Tensor] = None, output_final_state: bool = False,
+                         eps: float = DEFAULT_EPS, convex: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
     """The contract of :func:`naive_causal_rfa` by :func:`recurrent_causal_rfa_step`, token after
     token (the decoder takes the step itself, one token a call)."""
     T = q.size(2)

@@ -85,10 +85,8 @@ def quadratic_is_cheaper(S: int, Fd: int, K: int, Tq: int) -> bool:
 
 
 @exact_dtypes
-def cross_rfa_quadratic(
-    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS,
-    out_dtype=None, absolute: bool = False,
-) -> Tensor:
+def cross_rfa_quadratic(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None,
+                        eps: float = DEFAULT_EPS, out_dtype=None, absolute: bool = False) -> Tensor:
     """q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]``, v: ``[Bs, H, S, K]``, key_padding_mask
     ``[Bs, S]`` (True = pad) for ``Bs`` = ``B`` or ``B / beam`` sources (beam rows sentence-major).
     Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``), equal to
@@ -100,9 +98,8 @@ def cross_rfa_quadratic(
 
 
 @exact_dtypes
-def cross_rfa_weights(
-    q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS, absolute: bool = False,
-) -> Tensor:
+def cross_rfa_weights(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS,
+                      absolute: bool = False) -> Tensor:
     """The attention weights RFA applies implicitly: ``phi(q_i).phi(k_j) / guard(phi(q_i).z)``, with
     ``phi(q_i).z`` the sum of the row's products. q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]`` for ``Bs`` =
     ``B`` or ``B / beam`` sources. Returns ``[B, H, Tq, S]`` in fp32 (fp64 for fp64 inputs), zero at padding."""
