@@ -8,7 +8,7 @@ from ..ops.denominator import cast_finite
 from ..ops.lara import lara
 from ..validation import divisible_heads, positive_int
 from .heads import merge_heads, split_heads
-from .rfa_attention_base import init_projection
+from .rfa_attention_base import add_projections
 
 
 def check_self_attention_call(name: str, query: Tensor, key: Optional[Tensor], value: Optional[Tensor],
@@ -43,11 +43,7 @@ class LARAttention(nn.Module):
         positive_int("landmarks", landmarks)
         self.embed_dim, self.num_heads, self.landmarks = embed_dim, num_heads, landmarks
         self.head_dim, self.alpha_coeff = embed_dim // num_heads, alpha_coeff
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (
-            nn.Linear(embed_dim, embed_dim, bias=bias) for _ in range(4))
-        for proj in (self.q_proj, self.k_proj, self.v_proj):
-            init_projection(proj, gain=2**-0.5)
-        init_projection(self.out_proj)
+        add_projections(self, embed_dim, embed_dim, bias)
 
     def noise(self, batch: int, device: torch.device) -> Tensor:
         """Standard normal ``[B, H, C, K]`` in training (fresh per call), zeros ``[H, C, K]`` in eval."""

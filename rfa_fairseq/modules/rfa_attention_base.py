@@ -17,29 +17,32 @@ def init_projection(linear: nn.Linear, gain: float = 1.0):
         nn.init.zeros_(linear.bias)
 
 
+def add_projections(module: nn.Module, embed_dim: int, kdim: int, bias: bool):
+    """``module``'s ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj``, initialised as fairseq's
+    MultiheadAttention (Xavier with gain 2^-1/2 for q, k, v; biases zero)."""
+    module.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+    module.k_proj = nn.Linear(kdim, embed_dim, bias=bias)
+    module.v_proj = nn.Linear(kdim, embed_dim, bias=bias)
+    module.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+    for proj in (module.q_proj, module.k_proj, module.v_proj):
+        init_projection(proj, gain=2**-0.5)
+    init_projection(module.out_proj)
+
+
 @with_incremental_state
 class RFAttentionBase(nn.Module):
-    """Query, key, value and output projections around a :class:`RandomFeatureMap`, initialised
-    as fairseq's MultiheadAttention (Xavier with gain 2^-1/2 for q, k, v; biases zero).
-
+    """Query, key, value and output projections (:func:`add_projections`) around a :class:`RandomFeatureMap`.
     Subclasses set ``STATE_KEY``, the name of their entry in fairseq's incremental state."""
 
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, kdim: Optional[int] = None,
                  bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False):
         super().__init__()
         divisible_heads(embed_dim, num_heads)
-        kdim = kdim or embed_dim
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.head_dim = embed_dim // num_heads
         self.eps, self.recompute = eps, recompute
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.k_proj = nn.Linear(kdim, embed_dim, bias=bias)
-        self.v_proj = nn.Linear(kdim, embed_dim, bias=bias)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        add_projections(self, embed_dim, kdim or embed_dim, bias)
         self.feature_map = feature_map
-        for proj in (self.q_proj, self.k_proj, self.v_proj):
-            init_projection(proj, gain=2**-0.5)
-        init_projection(self.out_proj)
 
     # fairseq's decoder layer and generator use these names on MultiheadAttention.
     def _get_input_buffer(self, incremental_state: Optional[IncrementalState]) -> Dict[str, Optional[Tensor]]:
