@@ -5,9 +5,7 @@ import argparse
 
 import torch
 
-# argparse.Namespace: the legacy ``args``/``cfg.model`` of argparse-based models (translation).
-SAFE_CHECKPOINT_GLOBALS = [argparse.Namespace]
-
 
 def allow_fairseq_checkpoint_globals():
-    torch.serialization.add_safe_globals(list(SAFE_CHECKPOINT_GLOBALS))  # torch >= 2.4
+    # argparse.Namespace: the legacy ``args``/``cfg.model`` of argparse-based models (translation)
+    torch.serialization.add_safe_globals([argparse.Namespace])  # torch >= 2.4

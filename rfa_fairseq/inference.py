@@ -1,17 +1,9 @@
-"""A trained model's inference form, made in one place.
-
-fairseq-generate, fairseq-interactive and fairseq-eval-lm call the model's ``prepare_for_inference_``
-after loading it (:class:`InferenceMixin`), which, beyond fairseq's own preparation, converts the model as
-its flags ask (:func:`to_decoding_form_`):
-
-- with ``--int8-inference``, on the CPU, every linear layer holds int8 weights with one scale per output
-  row (``modules.int8_linear``): at decoding's small batches a linear layer reads its whole weight for a
-  few rows, and int8 reads a quarter as much;
-- with ``--cuda-graphs``, every decoding step after the first is replayed as a CUDA graph
-  (``step_graphs.py``).
-
-The int8 conversion swaps modules and cannot be undone: a converted model does not train, and a
-checkpoint is always saved from the training form.
+"""A trained model's inference form, made in one place: fairseq-generate, fairseq-interactive and fairseq-eval-lm
+call the model's ``prepare_for_inference_`` after loading it (:class:`InferenceMixin`), which, beyond fairseq's own
+preparation, converts the model as its flags ask (:func:`to_decoding_form_`): int8 linear layers on the CPU with
+``--int8-inference`` (``modules/int8_linear.py``), every decoding step after the first replayed as a CUDA graph with
+``--cuda-graphs`` (``step_graphs.py``). The int8 conversion swaps modules and cannot be undone: a converted model
+does not train, and a checkpoint is always saved from the training form.
 """
 from dataclasses import dataclass, field
 

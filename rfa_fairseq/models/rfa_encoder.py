@@ -4,7 +4,7 @@ the values and LARA's landmarks. With ``--encoder-attention softmax`` (the defau
 fairseq's own encoder (:class:`SoftmaxTransformerEncoder`, which adds no weights), so softmax-encoder
 checkpoints hold exactly the weights they always did.
 """
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models.transformer import TransformerEncoderBase
@@ -42,7 +42,6 @@ class EncoderAttentionConfig(FairseqDataclass):
     )
 
 
-ENCODER_FIELDS = tuple(f.name for f in fields(EncoderAttentionConfig))
 _ENCODER_DEFAULTS = EncoderAttentionConfig()
 
 
