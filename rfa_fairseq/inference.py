@@ -18,19 +18,15 @@ from .step_graphs import StepGraphs
 
 @dataclass
 class InferenceConfig(FairseqDataclass):
-    int8_inference: bool = field(
-        default=False,
-        metadata={"help": "at inference on the CPU (fairseq-generate, fairseq-interactive, fairseq-eval-lm), the linear "
-                          "layers in int8, one scale per output row, as CTranslate2's int8 compute type "
-                          "(rfa_fairseq/inference.py; needs torch 2.13's CPU int8 product). Training ignores it; "
-                          "for a trained checkpoint: --model-overrides \"{'int8_inference': True}\""},
-    )
-    cuda_graphs: bool = field(
-        default=False,
-        metadata={"help": "at inference on a CUDA device, every decoding step after the first replayed as one CUDA "
-                          "graph, one per batch size and state layout (rfa_fairseq/step_graphs.py); RFA "
-                          "decoders only. For a trained checkpoint: --model-overrides \"{'cuda_graphs': True}\""},
-    )
+    int8_inference: bool = field(default=False, metadata={
+        "help": "at inference on the CPU (fairseq-generate, fairseq-interactive, fairseq-eval-lm), the linear "
+                "layers in int8, one scale per output row, as CTranslate2's int8 compute type "
+                "(rfa_fairseq/inference.py; needs torch 2.13's CPU int8 product). Training ignores it; "
+                "for a trained checkpoint: --model-overrides \"{'int8_inference': True}\""})
+    cuda_graphs: bool = field(default=False, metadata={
+        "help": "at inference on a CUDA device, every decoding step after the first replayed as one CUDA "
+                "graph, one per batch size and state layout (rfa_fairseq/step_graphs.py); RFA "
+                "decoders only. For a trained checkpoint: --model-overrides \"{'cuda_graphs': True}\""})
 
 
 def quantize_linears_(model: nn.Module) -> nn.Module:

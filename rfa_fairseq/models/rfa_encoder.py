@@ -24,22 +24,16 @@ ENCODER_MODULE_ID_BASE = 1 << 20
 class EncoderAttentionConfig(FairseqDataclass):
     """Which self-attention the encoder uses, and its size (translation and classification)."""
 
-    encoder_attention: ChoiceEnum(list(ENCODER_ATTENTIONS)) = field(
-        default="softmax",
-        metadata={"help": "the encoder's self-attention (padding excluded): softmax (fairseq's, quadratic in the "
-                          "source length), rfa (random Fourier features with a learned sigma, as the RFA decoder), "
-                          "favor (Performer's positive random features) or lara (linear randomized attention, Zheng "
-                          "et al. 2022); --attention-dropout applies to softmax only"},
-    )
-    encoder_feature_dim: int = field(
-        default=64,
-        metadata={"help": "random features D per head of --encoder-attention rfa (phi has 2D values) or favor"},
-    )
-    lara_landmarks: int = field(
-        default=16,
-        metadata={"help": "landmarks C per head of --encoder-attention lara (segment means of the queries and keys, "
-                          "one proposal and sample each; cost O(source length x C) per head)"},
-    )
+    encoder_attention: ChoiceEnum(list(ENCODER_ATTENTIONS)) = field(default="softmax", metadata={
+        "help": "the encoder's self-attention (padding excluded): softmax (fairseq's, quadratic in the "
+                "source length), rfa (random Fourier features with a learned sigma, as the RFA decoder), "
+                "favor (Performer's positive random features) or lara (linear randomized attention, Zheng "
+                "et al. 2022); --attention-dropout applies to softmax only"})
+    encoder_feature_dim: int = field(default=64, metadata={
+        "help": "random features D per head of --encoder-attention rfa (phi has 2D values) or favor"})
+    lara_landmarks: int = field(default=16, metadata={
+        "help": "landmarks C per head of --encoder-attention lara (segment means of the queries and keys, "
+                "one proposal and sample each; cost O(source length x C) per head)"})
 
 
 _ENCODER_DEFAULTS = EncoderAttentionConfig()
@@ -91,8 +85,7 @@ class RFATransformerEncoderLayer(TransformerEncoderLayerBase):
         return build_encoder_self_attention(
             self.attention.encoder_attention, embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout,
             feature_dim=self.attention.encoder_feature_dim, landmarks=self.attention.lara_landmarks,
-            module_id=ENCODER_MODULE_ID_BASE + self.layer_idx,
-        )
+            module_id=ENCODER_MODULE_ID_BASE + self.layer_idx)
 
 
 class RFATransformerEncoder(BeamGroupedReorder, TransformerEncoderBase):

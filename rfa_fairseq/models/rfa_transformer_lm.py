@@ -4,13 +4,9 @@ from dataclasses import dataclass
 from fairseq import options
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
-from fairseq.models.transformer_lm import (
-    DEFAULT_MAX_TARGET_POSITIONS,
-    TransformerLanguageModel,
-    TransformerLanguageModelConfig,
-    base_lm_architecture,
-    transformer_lm_baevski_wiki103,
-)
+from fairseq.models.transformer_lm import (DEFAULT_MAX_TARGET_POSITIONS, TransformerLanguageModel,
+                                           TransformerLanguageModelConfig, base_lm_architecture,
+                                           transformer_lm_baevski_wiki103)
 from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from fairseq.utils import safe_getattr
 
