@@ -11,6 +11,7 @@ gradients; the task from the checkpoint) and prints for every RFA attention modu
 """
 import argparse
 import functools
+import itertools
 import json
 from pathlib import Path
 
@@ -88,13 +89,10 @@ def main(argv=None):
             hooks.append(m.in_proj.register_forward_hook(record_gate))
     batches = 0
     with torch.no_grad():
-        for sample in itr:
+        for batches, sample in enumerate(itertools.islice(itr, args.max_batches), 1):
             tokens = sample["net_input"].get("prev_output_tokens", sample["net_input"].get("src_tokens"))
             real["mask"] = tokens.ne(task.target_dictionary.pad()).t().unsqueeze(-1).float()
             model(**sample["net_input"])
-            batches += 1
-            if args.max_batches is not None and batches >= args.max_batches:
-                break
     for h in hooks:
         h.remove()
 

@@ -30,7 +30,6 @@ def redraw(state: dict, seed: int, causal_dim=None, cross_dim=None, scale: int =
     kind = args.get("rfa_random_matrix") if isinstance(args, dict) else getattr(args, "rfa_random_matrix", None)
     if kind is None:
         raise ValueError("this checkpoint has no RFA model arguments (not an rfa_fairseq model?)")
-    kind = str(kind)
     weights = state["model"]
     names = sorted(n for n in weights if n.endswith(SUFFIX) and n.startswith("decoder."))
     if not names:
@@ -46,7 +45,7 @@ def redraw(state: dict, seed: int, causal_dim=None, cross_dim=None, scale: int =
         dims["rfa_cross_feature_dim" if cross else "rfa_causal_feature_dim"] = new_d
         layer = int(name.split(".layers.")[1].split(".")[0])
         gen = torch.Generator().manual_seed(draw_seed(seed, 0, feature_map_id(layer, cross)))
-        weights[name] = sample_random_matrix(kind, H, new_d, K, gen).to(weights[name].dtype)
+        weights[name] = sample_random_matrix(str(kind), H, new_d, K, gen).to(weights[name].dtype)
     for flag, value in dims.items():
         if isinstance(args, dict):
             args[flag] = value

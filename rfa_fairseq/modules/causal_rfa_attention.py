@@ -4,14 +4,12 @@ Drop-in for fairseq's MultiheadAttention in a decoder layer's ``self_attn`` slot
 signature), Time x Batch x Channel. Causality is structural (the recurrence only looks back), so
 the decoder's future mask adds nothing and is only checked for shape.
 
-One linear layer, ``in_proj``, computes q, k, v and the gate's logit, in training and in decoding
-(checkpoints with the separate ``q_proj``, ``k_proj``, ``v_proj`` and ``gate_proj`` of earlier versions load
-into it). With an incremental state the module keeps its op's state under its key: ``{"state": [S | z]}``
-(``[B, H, F, K + 1]`` in fp32, the layout of every op in ``ops``), with a local window also the ring of
-:class:`ops.WindowState` (``keys``, ``values``, ``slot``), each beside a spare buffer for beam reorders;
-its size does not depend on the tokens before. One token is a recurrent step (pads masked in it, nothing
-read back to the host); several (a prompt, a stateful language model's next block) go through the chunked
-form from the state and leave their final state there.
+One linear layer, ``in_proj``, computes q, k, v and the gate's logit, in training and in decoding. With an
+incremental state the module keeps its op's state under its key, ``{"state": [S | z]}``, with a local window also
+the ring of :class:`ops.WindowState` (``keys``, ``values``, ``slot``), each beside a spare buffer for beam reorders;
+its size does not depend on the tokens before. One token is a recurrent step (pads masked in it, nothing read back
+to the host); several (a prompt, a stateful language model's next block) go through the chunked form from the
+state and leave their final state there.
 """
 from typing import Optional, Tuple
 
@@ -20,9 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..ops import (
-    WindowState, chunk_causal_rfa, fla_causal_rfa, recurrent_causal_rfa_step, window_causal_rfa, window_causal_rfa_step,
-)
+from ..ops import (WindowState, chunk_causal_rfa, fla_causal_rfa, recurrent_causal_rfa_step, window_causal_rfa,
+                   window_causal_rfa_step)
 from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
 from ..ops.causal_rfa.fla import BACKENDS, fla_chosen
 from ..ops.causal_rfa.window import empty_window_state
@@ -51,7 +48,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             each checkpoint keeping its input and entering state (``[B, H, F, K + 1]``), so training memory
             grows with the length by the input alone. 0: no segments.
         local_window: ``W > 0``: each query weighs its last ``W`` keys by the exact kernel, older keys by their
-            features (``ops/causal_rfa/window.py``); the incremental state then also keeps those keys and values.
+            features (``ops/causal_rfa/window.py``).
         backend: the kernels of a multi-token call: ``torch`` (the chunked form, any device), ``fla``
             (fla-core's Triton kernels, ``ops/causal_rfa/fla.py``; their memory is linear in the length, so no
             segments are recomputed) or ``auto`` (fla where ``ops.causal_rfa.fla.fla_chosen`` says). One-token
@@ -65,8 +62,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
                  gate_form: str = "convex", gate_bias: float = 2.0, recompute_segment: int = DEFAULT_RECOMPUTE_SEGMENT,
                  local_window: int = 0, backend: str = "torch"):
         super().__init__(embed_dim, num_heads, feature_map, eps=eps, recompute=recompute)
-        if gate_form not in GATE_FORMS:
-            raise ValueError(f"gate_form must be one of {GATE_FORMS}, got {gate_form!r}")
+        one_of("gate_form", gate_form, GATE_FORMS)
         non_negative_int("recompute_segment", recompute_segment)
         self.local_window = non_negative_int("local_window", local_window)
         self.backend = one_of("backend", backend, BACKENDS)

@@ -6,10 +6,9 @@ excluded), read at O(F K) per query and head. A whole target at once (training, 
 whichever of that summary and the ``[Tq, S]`` feature products costs fewer multiply-adds
 (``ops.quadratic_is_cheaper``): the same numbers either way.
 
-Beam search: fairseq's SequenceGenerator calls ``set_beam_size`` and repeats the encoder output
-``beam`` times, sentence-major. The state is computed from one copy per sentence and each sentence's
-beams read it as one group of queries; reordering is a no-op while the batch keeps its sentences, an
-index by sentence when finished ones are dropped. The layout is trusted, not checked (``modules/beam.py``).
+Beam search (the generator's layout, ``modules/beam.py``): the state is computed from one copy per sentence and
+each sentence's beams read it as one group of queries; reordering is a no-op while the batch keeps its sentences,
+an index by sentence when finished ones are dropped.
 """
 from typing import Dict, Optional, Tuple
 

@@ -5,9 +5,6 @@ as it was validated. In training it is redrawn whenever the step changes, unless
 seeded from ``(torch.initial_seed(), num_updates, module_id)``; fairseq reseeds torch with ``--seed +
 num_updates`` at every update on every rank, so draws follow fairseq's seed, agree across ranks and
 repeat on resume. A private CPU generator keeps them apart from dropout's random stream.
-
-At inference (evaluation mode, no autograd) the ``gaussian`` map runs from weights precomputed from sigma
-and the matrix (``ops.gaussian_step_weights``), made again whenever either changes.
 """
 from typing import Optional
 
@@ -84,8 +81,7 @@ class RandomFeatureMap(nn.Module):
     def matrix_for_recompute(self) -> Tensor:
         """A copy of this step's random matrix (drawn now if it is not yet) for a backward pass that
         recomputes the features: the buffer itself is redrawn in place at the next training step."""
-        self.refresh()
-        return self.random_matrix.clone()
+        return self.matrix().clone()
 
     def matrix(self, random_matrix: Optional[Tensor] = None) -> Tensor:
         """``random_matrix`` (a :meth:`matrix_for_recompute` copy), else the buffer, drawn for this step."""

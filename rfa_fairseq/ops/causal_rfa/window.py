@@ -69,10 +69,8 @@ def _extended(q, k, v, log_g, initial_state, convex, pad, W):
 def _final(keys, vals, cum, cum_k, W, S):
     """The final :class:`WindowState` from the old state's part ``S`` and the ``W + T`` keys: the last ``W`` keys
     stay in the ring, with their values weighted for the last query (copies: no views of the block's tensors)."""
-    if cum.size(-1):
-        vals = vals[:, :, -W:] * torch.exp(cum[..., -1:] - cum_k[..., -W:]).to(vals.dtype).unsqueeze(-1)
-    else:
-        vals = vals[:, :, -W:].clone()
+    log_a = cum[..., -1:] - cum_k[..., -W:] if cum.size(-1) else cum_k.new_zeros(1)  # no new key: weights kept
+    vals = vals[:, :, -W:] * torch.exp(log_a).to(vals.dtype).unsqueeze(-1)
     return WindowState(S, keys[:, :, -W:].clone(), vals, torch.zeros(keys.size(0), dtype=torch.long, device=keys.device))
 
 
