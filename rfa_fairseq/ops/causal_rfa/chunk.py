@@ -53,7 +53,7 @@ def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
     N = (T + pad) // C
 
     qf = _pad_time(q.to(acc), pad).view(B, H, N, C, Fd)
-    kf = _pad_time(k.to(acc), pad)
+    kf = _pad_time(k.to(acc), pad).view(B, H, N, C, Fd)
     v1 = torch.cat([v.to(acc), v.new_ones(B, H, T, 1, dtype=acc)], dim=-1)
     vf = _pad_time(v1, pad).view(B, H, N, C, K + 1)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
@@ -66,7 +66,6 @@ def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
     elif not intra_only:
         state0 = qf.new_zeros(B, H, Fd, K + 1)
     if log_g is None:
-        kf = kf.view(B, H, N, C, Fd)
         attn = (qf @ kf.transpose(-1, -2)).masked_fill(~causal, 0.0)
         o = attn @ vf
         if not intra_only:
@@ -83,21 +82,19 @@ def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
         # The write weight of each position, (1 - g) as -expm1(log g) (exact for g near 1) or 1 in the
         # decay form, goes into the [C, C] decay matrix and one factor per key, never a [.., C, F] tensor.
         write = -torch.expm1(lg) if convex else torch.ones_like(lg)
-        kc = kf.view(B, H, N, C, Fd)
         diff = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
-        attn = (qf @ kc.transpose(-1, -2)) * (torch.exp(diff).to(acc) * write.unsqueeze(-2))
+        attn = (qf @ kf.transpose(-1, -2)) * (torch.exp(diff).to(acc) * write.unsqueeze(-2))
         o = attn @ vf
         if not intra_only:
             b_last = b[..., -1:]
-            chunk_kv = (kc * (torch.exp(b_last - b).to(acc) * write).unsqueeze(-1)).transpose(-1, -2) @ vf
+            chunk_kv = (kf * (torch.exp(b_last - b).to(acc) * write).unsqueeze(-1)).transpose(-1, -2) @ vf
             # The state entering chunk n (n = N: the final one) in one matmul, not a loop: with p_n the sum
             # of the log-decays of chunks < n (fp64), S_n = sum_{m < n} exp(p_n - p_{m+1}) chunk_kv_m +
             # exp(p_n) S_0, exponents masked to -inf where m >= n before exp (every factor in [0, 1]).
             p = torch.nn.functional.pad(torch.cumsum(b_last.squeeze(-1), dim=-1), (1, 0))  # [B, H, N+1]
             strictly_before = torch.ones(N + 1, N, dtype=torch.bool, device=q.device).tril(-1)
             exponents = (p.unsqueeze(-1) - p[..., 1:].unsqueeze(-2)).masked_fill(~strictly_before, float("-inf"))
-            weights = torch.exp(exponents)
-            states = (weights.to(acc) @ chunk_kv.flatten(-2)).view(B, H, N + 1, Fd, K + 1)
+            states = (torch.exp(exponents).to(acc) @ chunk_kv.flatten(-2)).view(B, H, N + 1, Fd, K + 1)
             if state is not None:
                 states = states + torch.exp(p).to(acc)[..., None, None] * state0.unsqueeze(2)
             before, final = states[:, :, :N], states[:, :, N]

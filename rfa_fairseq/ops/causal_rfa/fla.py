@@ -69,9 +69,7 @@ def fla_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = No
         g = log_g.float().transpose(1, 2)  # [B, T, H]
         if convex:  # the write weight 1 - g, exact near g = 1, on the keys
             k = (k.float() * -torch.expm1(log_g.float()).unsqueeze(-1)).to(q.dtype)
-    state = None
-    if initial_state is not None:
-        state = torch.nn.functional.pad(initial_state.float(), (0, width - K - 1))
+    state = None if initial_state is None else torch.nn.functional.pad(initial_state.float(), (0, width - K - 1))
     o, final = chunk_simple_gla(q.transpose(1, 2), k.to(q.dtype).transpose(1, 2), v1.transpose(1, 2), g=g, scale=1.0,
                                 initial_state=state, output_final_state=output_final_state)
     o = o.transpose(1, 2)  # [B, H, T, width]
