@@ -66,10 +66,8 @@ def to_decoding_form_(model: nn.Module, int8: bool = False, cuda_graphs: bool = 
 
 
 class InferenceMixin:
-    """Model mixin: ``prepare_for_inference_`` converts the model to its decoding form, with int8 layers when
-    it was built with ``--int8-inference`` and graphs of the decoding step with ``--cuda-graphs``
-    (``self.int8_inference``, ``self.cuda_graphs``: set by ``build_model``); ``set_beam_size`` tells the
-    decoder's modules the beam."""
+    """Model mixin: ``prepare_for_inference_`` as the module docstring says (``self.int8_inference``,
+    ``self.cuda_graphs``: set by ``build_model``); ``set_beam_size`` tells the decoder's modules the beam."""
 
     int8_inference = cuda_graphs = False
 

@@ -32,27 +32,22 @@ from .rfa_attention_base import IncrementalState, RFAttentionBase, init_projecti
 
 
 class CausalRFAttention(BeamLayout, RFAttentionBase):
-    """Causal random feature attention, optionally gated (RFA-Gate).
+    """Causal random feature attention, optionally gated (RFA-Gate). The ``--rfa-*`` flags of ``config.py`` say
+    more of each argument.
 
     Args:
         embed_dim: model dimension ``C``; num_heads: ``H`` (``K = C / H``).
         feature_map: the :class:`RandomFeatureMap` shared by queries and keys.
-        gate: learn ``g_t = sigmoid(w_g . x_t + b_g)`` per head and step.
-        gate_form: ``"convex"``, the paper's ``S_t = g_t S_{t-1} + (1 - g_t) phi(k_t) v_t^T``, or
-            ``"decay"``, ``S_t = g_t S_{t-1} + phi(k_t) v_t^T`` (the RFA slides, GLA).
-        gate_bias: the initial ``b_g`` (2: ``g`` starts near 0.88, about eight tokens of memory;
-            0, the paper's: near 0.5, about two tokens).
-        recompute: under autograd, keep only the input ``x`` of a multi-token call for the backward
-            pass, which computes the projections, feature maps and chunked form again.
-        recompute_segment: under autograd, a sequence of more tokens than this is recomputed by segments,
-            each checkpoint keeping its input and entering state (``[B, H, F, K + 1]``), so training memory
-            grows with the length by the input alone. 0: no segments.
+        gate: learn ``g_t = sigmoid(w_g . x_t + b_g)`` per head and step, in the form ``gate_form`` (``"convex"``
+            or ``"decay"``: ``ops.naive_causal_rfa``), with ``b_g`` starting at ``gate_bias``.
+        recompute: under autograd, keep only the input ``x`` of a multi-token call for the backward pass;
+            recompute_segment: the same, segment by segment (each keeping its entering state), past this many
+            tokens (0: no segments).
         local_window: ``W > 0``: each query weighs its last ``W`` keys by the exact kernel, older keys by their
             features (``ops/causal_rfa/window.py``).
-        backend: the kernels of a multi-token call: ``torch`` (the chunked form, any device), ``fla``
-            (fla-core's Triton kernels, ``ops/causal_rfa/fla.py``; their memory is linear in the length, so no
-            segments are recomputed) or ``auto`` (fla where ``ops.causal_rfa.fla.fla_chosen`` says). One-token
-            steps and the local window are torch's on every backend.
+        backend: the kernels of a multi-token call, ``torch``, ``fla`` (``ops/causal_rfa/fla.py``: no segments,
+            its memory is linear in the length) or ``auto`` (``fla_chosen``); one-token steps and the local window
+            are torch's on every backend.
     """
 
     STATE_KEY = "causal_rfa"

@@ -41,7 +41,6 @@ def build_encoder_self_attention(kind: str, embed_dim: int, num_heads: int, drop
         landmarks: ``C`` of ``lara``: landmarks, proposals and samples per head.
         module_id: tells the random matrix of ``rfa`` / ``favor`` apart from the model's other modules'
             (draws are seeded from fairseq's seed, the update number and this id).
-    Raises ValueError naming the bad argument.
     """
     one_of("encoder attention", kind, ENCODER_ATTENTIONS)
     divisible_heads(embed_dim, num_heads)
