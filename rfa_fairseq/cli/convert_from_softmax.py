@@ -32,19 +32,15 @@ from ..models.translation_config import (CROSS_ATTENTIONS, DECODER_ATTENTIONS, T
 BASE_RFA_ARCH = {TransformerModel: "rfa_transformer", TransformerLanguageModel: "rfa_transformer_lm"}
 
 
-class ConversionError(ValueError):
-    pass
-
-
 def load_checkpoint(path) -> dict:
     """The checkpoint, loaded safely and upgraded as fairseq upgrades it (legacy ``args`` become ``cfg``)."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "model" not in state:
-        raise ConversionError(f"{path} is not a fairseq checkpoint (no 'model' entry)")
+        raise ValueError(f"{path} is not a fairseq checkpoint (no 'model' entry)")
     if state.get("cfg") is not None:
         state["cfg"] = OmegaConf.create(state["cfg"], flags={"allow_objects": True})
     elif state.get("args") is None:
-        raise ConversionError(f"{path} has neither 'cfg' nor 'args': not a fairseq checkpoint")
+        raise ValueError(f"{path} has neither 'cfg' nor 'args': not a fairseq checkpoint")
     state.setdefault("extra_state", {})  # fairseq's upgrade expects it
     return _upgrade_state_dict(state)
 
@@ -62,13 +58,13 @@ def _set(cfg, name, value):
 
 
 def rfa_arch_for(model_cfg, weights) -> str:
-    """The RFA architecture matching the source's, or a ConversionError saying why there is none."""
+    """The RFA architecture matching the source's, or a ValueError saying why there is none."""
     arch = _get(model_cfg, "_name") or _get(model_cfg, "arch")
     if "decoder.rfa_version" in weights or str(arch).startswith("rfa_"):
-        raise ConversionError(f"this checkpoint is already an RFA model (arch {arch}): nothing to convert")
+        raise ValueError(f"this checkpoint is already an RFA model (arch {arch}): nothing to convert")
     source = ARCH_MODEL_REGISTRY.get(arch)
     if source not in BASE_RFA_ARCH:
-        raise ConversionError(
+        raise ValueError(
             f"arch {arch!r} ({getattr(source, '__name__', 'not a registered fairseq architecture')}) is not a fairseq "
             "softmax transformer: rfa-convert-from-softmax converts transformer* (translation) and transformer_lm* "
             "checkpoints")
@@ -92,7 +88,7 @@ def _vocab_size(weights, prefix: str) -> int:
              if k.startswith(f"{prefix}.embed_tokens.embeddings.") and k.endswith(".0.weight")]
     if bands:  # adaptive input: one embedding per frequency band
         return sum(b.size(0) for b in bands)
-    raise ConversionError(f"cannot tell the vocabulary size of {prefix} (no embedding or output projection)")
+    raise ValueError(f"cannot tell the vocabulary size of {prefix} (no embedding or output projection)")
 
 
 def stand_in_task(weights, language_model: bool):
@@ -131,7 +127,7 @@ def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | 
     for name in RFA_FIELDS:
         _set(rfa_cfg, name, getattr(rfa, name))
     if language_model and (cross_attention is not None or decoder_attention is not None):
-        raise ConversionError("--cross-attention and --decoder-attention apply to translation models")
+        raise ValueError("--cross-attention and --decoder-attention apply to translation models")
     if not language_model:
         for name, value in (("cross_attention", cross_attention), ("decoder_attention", decoder_attention)):
             _set(rfa_cfg, name, value or getattr(TranslationAttentionConfig(), name))
@@ -149,10 +145,10 @@ def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | 
         elif name in dst:
             places[name] = dst[name]  # state_dict tensors share the model's storage
     if not_carried := sorted(set(src) - set(places)):
-        raise ConversionError(f"the RFA model has no place for these source weights: {', '.join(not_carried)}")
+        raise ValueError(f"the RFA model has no place for these source weights: {', '.join(not_carried)}")
     for name, tensor in src.items():
         if places[name].shape != tensor.shape:
-            raise ConversionError(f"{name}: source shape {tuple(tensor.shape)}, RFA model {tuple(places[name].shape)}")
+            raise ValueError(f"{name}: source shape {tuple(tensor.shape)}, RFA model {tuple(places[name].shape)}")
         places[name].copy_(tensor)
     rfa_only = sorted(set(dst) - set(src))
 
@@ -191,7 +187,7 @@ def main(argv=None):
     try:
         checkpoint, arch, rfa_only = convert(load_checkpoint(args.input), {n: getattr(args, n) for n in RFA_FIELDS},
                                              args.seed, args.cross_attention, args.decoder_attention)
-    except ValueError as e:  # a ConversionError, or a bad --rfa-* value named by rfa_config_from
+    except ValueError as e:  # what cannot be converted, or a bad --rfa-* value named by rfa_config_from
         sys.exit(f"rfa-convert-from-softmax: {args.input}: {e}")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     torch.save(checkpoint, args.output)
