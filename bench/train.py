@@ -7,6 +7,7 @@ if fla's gradients are within FLA_GRADIENT_RATIO of the torch path's, else drop 
 """
 import argparse
 import gc
+import itertools
 import math
 import multiprocessing
 import os
@@ -18,6 +19,7 @@ from torch import nn
 
 from rfa_fairseq.config import RFAConfig
 from rfa_fairseq.modules import build_encoder_self_attention
+from rfa_fairseq.modules.heads import merge_heads, split_heads
 from rfa_fairseq.ops import chunk_causal_rfa, feature_size, fla_causal_rfa, fla_installed, fla_refuses_gated_backward
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -60,11 +62,8 @@ class SDPAAttention(nn.Module):
     def forward(self, query, key=None, value=None, key_padding_mask=None, incremental_state=None, attn_mask=None, **_):
         if key_padding_mask is not None or incremental_state is not None or attn_mask is not None:
             raise NotImplementedError("SDPAAttention: no padding, no incremental state, no mask")
-        T, B, C = query.shape
-        heads = lambda x: x.view(T, B, self.heads, C // self.heads).permute(1, 2, 0, 3)  # noqa: E731  [B, H, T, K]
-        o = F.scaled_dot_product_attention(heads(self.q_proj(query)), heads(self.k_proj(query)),
-                                           heads(self.v_proj(query)), is_causal=self.causal)
-        return self.out_proj(o.permute(2, 0, 1, 3).reshape(T, B, C)), None
+        q, k, v = (split_heads(proj(query), self.heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
+        return self.out_proj(merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=self.causal))), None
 
     def _get_input_buffer(self, incremental_state):  # fairseq's decoder layer asks for it
         return {}
@@ -211,25 +210,24 @@ def translation(args):
 
 def chunk(args):
     rows, D = [], args.feature_dim
-    for mode in ("train", "infer"):
-        for gated in (False, True):
-            for length in args.lengths:
-                shape, g = (max(1, args.tokens_per_batch // length), args.heads, length), torch.Generator().manual_seed(0)
-                q, k = [torch.cat([a.sin(), a.cos()], -1) / math.sqrt(D) for a in (2 * torch.randn(*shape, D, generator=g)
-                                                                                  for _ in range(2))]
-                v, grad = [torch.randn(*shape, args.head_dim, generator=g).to(args.device) for _ in range(2)]
-                log_g = F.logsigmoid(torch.randn(*shape, generator=g) + 2) if gated else None
-                q, k, v, log_g = [x if x is None else x.to(args.device).requires_grad_(mode == "train") for x in (q, k, v, log_g)]
-                for size in args.chunk_sizes:
-                    def step():
-                        if mode == "train":
-                            chunk_causal_rfa(q, k, v, log_g, chunk_size=size)[0].backward(grad)
-                        else:
-                            with torch.inference_mode():
-                                chunk_causal_rfa(q, k, v, log_g, output_final_state=True, chunk_size=size)
-                    rows.append({"model": f"C={size}", "pass": mode, "gated": gated, "length": length, "batch": shape[0],
-                                 "chunk_size": size, **harness.measure(step, args.device, args.repeats, args.clock, args.statistic)})
-                print(mode, gated, length, " ".join(f"C={r['chunk_size']}: {1e3 * r['seconds']:.2f} ms" for r in rows[-len(args.chunk_sizes):]))
+    for mode, gated, length in itertools.product(("train", "infer"), (False, True), args.lengths):
+        shape, g = (max(1, args.tokens_per_batch // length), args.heads, length), torch.Generator().manual_seed(0)
+        q, k = [torch.cat([a.sin(), a.cos()], -1) / math.sqrt(D)
+                for a in (2 * torch.randn(*shape, D, generator=g) for _ in range(2))]
+        v, grad = [torch.randn(*shape, args.head_dim, generator=g).to(args.device) for _ in range(2)]
+        log_g = F.logsigmoid(torch.randn(*shape, generator=g) + 2) if gated else None
+        q, k, v, log_g = [x if x is None else x.to(args.device).requires_grad_(mode == "train") for x in (q, k, v, log_g)]
+        for size in args.chunk_sizes:
+            def step():
+                if mode == "train":
+                    chunk_causal_rfa(q, k, v, log_g, chunk_size=size)[0].backward(grad)
+                else:
+                    with torch.inference_mode():
+                        chunk_causal_rfa(q, k, v, log_g, output_final_state=True, chunk_size=size)
+            rows.append({"model": f"C={size}", "pass": mode, "gated": gated, "length": length, "batch": shape[0],
+                         "chunk_size": size, **harness.measure(step, args.device, args.repeats, args.clock, args.statistic)})
+        print(mode, gated, length, " ".join(f"C={r['chunk_size']}: {1e3 * r['seconds']:.2f} ms"
+                                            for r in rows[-len(args.chunk_sizes):]))
     return rows
 
 
