@@ -7,7 +7,6 @@ if fla's gradients are within FLA_GRADIENT_RATIO of the torch path's, else drop 
 """
 import argparse
 import gc
-import itertools
 import math
 import multiprocessing
 import os
@@ -210,24 +209,25 @@ def translation(args):
 
 def chunk(args):
     rows, D = [], args.feature_dim
-    for mode, gated, length in itertools.product(("train", "infer"), (False, True), args.lengths):
-        shape, g = (max(1, args.tokens_per_batch // length), args.heads, length), torch.Generator().manual_seed(0)
-        q, k = [torch.cat([a.sin(), a.cos()], -1) / math.sqrt(D)
-                for a in (2 * torch.randn(*shape, D, generator=g) for _ in range(2))]
-        v, grad = [torch.randn(*shape, args.head_dim, generator=g).to(args.device) for _ in range(2)]
-        log_g = F.logsigmoid(torch.randn(*shape, generator=g) + 2) if gated else None
-        q, k, v, log_g = [x if x is None else x.to(args.device).requires_grad_(mode == "train") for x in (q, k, v, log_g)]
-        for size in args.chunk_sizes:
-            def step():
-                if mode == "train":
-                    chunk_causal_rfa(q, k, v, log_g, chunk_size=size)[0].backward(grad)
-                else:
-                    with torch.inference_mode():
-                        chunk_causal_rfa(q, k, v, log_g, output_final_state=True, chunk_size=size)
-            rows.append({"model": f"C={size}", "pass": mode, "gated": gated, "length": length, "batch": shape[0],
-                         "chunk_size": size, **harness.measure(step, args.device, args.repeats, args.clock, args.statistic)})
-        print(mode, gated, length, " ".join(f"C={r['chunk_size']}: {1e3 * r['seconds']:.2f} ms"
-                                            for r in rows[-len(args.chunk_sizes):]))
+    for mode in ("train", "infer"):
+        for gated in (False, True):
+            for length in args.lengths:
+                shape, g = (max(1, args.tokens_per_batch // length), args.heads, length), torch.Generator().manual_seed(0)
+                q, k = [torch.cat([a.sin(), a.cos()], -1) / math.sqrt(D) for a in (2 * torch.randn(*shape, D, generator=g)
+                                                                                  for _ in range(2))]
+                v, grad = [torch.randn(*shape, args.head_dim, generator=g).to(args.device) for _ in range(2)]
+                log_g = F.logsigmoid(torch.randn(*shape, generator=g) + 2) if gated else None
+                q, k, v, log_g = [x if x is None else x.to(args.device).requires_grad_(mode == "train") for x in (q, k, v, log_g)]
+                for size in args.chunk_sizes:
+                    def step():
+                        if mode == "train":
+                            chunk_causal_rfa(q, k, v, log_g, chunk_size=size)[0].backward(grad)
+                        else:
+                            with torch.inference_mode():
+                                chunk_causal_rfa(q, k, v, log_g, output_final_state=True, chunk_size=size)
+                    rows.append({"model": f"C={size}", "pass": mode, "gated": gated, "length": length, "batch": shape[0],
+                                 "chunk_size": size, **harness.measure(step, args.device, args.repeats, args.clock, args.statistic)})
+                print(mode, gated, length, " ".join(f"C={r['chunk_size']}: {1e3 * r['seconds']:.2f} ms" for r in rows[-len(args.chunk_sizes):]))
     return rows
 
 
