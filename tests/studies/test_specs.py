@@ -202,10 +202,11 @@ def test_the_attention_on_its_sentence_is_the_weight_on_the_source_sentence_of_t
 def test_rescoring_leaves_a_run_whose_folder_now_holds_another_runs_outputs(monkeypatch, tmp_path):
     monkeypatch.setattr(documents, "scores", lambda out, data, split: {f"{split}_bleu": 20.0})
     monkeypatch.setattr(documents, "alignment", lambda ckpt, data, split: {f"{split}_align_last": 0.3})
+    monkeypatch.setattr(documents, "placement", lambda ckpt, data, out, split: {f"{split}_free_stay_512": 0.1})
     rescore = lambda record: documents.rescore("softmax", {}, 1, tmp_path, tmp_path, None, record)  # noqa: E731
     assert rescore({"valid_bleu": 20.0, "test_bleu": 21.0}) == {}
     assert rescore({"valid_bleu": 20.0, "test_bleu": 20.0}) == {"valid_bleu": 20.0, "test_bleu": 20.0,
-                                                                 "test_align_last": 0.3}
+                                                                 "test_align_last": 0.3, "test_free_stay_512": 0.1}
 
 
 @pytest.mark.slow  # trains and scores through the command lines (about 45 s)
