@@ -162,11 +162,11 @@ def setup(p, args):
         torch.set_num_threads(args.threads)
 
 
-def fake_dictionary(size, names=("dict.src.txt", "dict.tgt.txt", "dict.txt")):  # a new folder: 4 specials + size - 4 words
+def fake_dictionary(size, names=("dict.src.txt", "dict.tgt.txt", "dict.txt")):  # a new folder: 4 specials, <sep>, words
     directory = tempfile.mkdtemp(prefix="rfa_bench_")
     for name in names:
         with open(os.path.join(directory, name), "w") as f:
-            f.writelines(f"w{i} 1\n" for i in range(size - 4))
+            f.writelines(["<sep> 1\n"] + [f"w{i} 1\n" for i in range(size - 5)])
     return directory
 
 
