@@ -34,7 +34,8 @@ VARIANTS = {  # name: (results/quality.py's variant, extra flags)
     "gate_cross_later": ("gate_bias2", LATER_CROSS + ["--rfa-causal-feature-dim", "32"]), "enc_rfa": ("enc_rfa", []),
     **{f"gate_window{w}": ("gate_softcross", ["--rfa-local-window", str(w)]) for w in (16, 32, 64, 128)},  # exact last W
     "gate_window0": ("gate_softcross", []),  # gate_softcross trained again with the windows' code: their paired seed 1
-    "gate_sentidx": ("gate_softcross", ["--sentence-index"]),  # sentence numbers from the separators (its sentence stage: gate_softcross's)
+    "gate_sentidx": ("gate_softcross", ["--sentence-index"]),  # each token's sentence number, from the separators
+    "gate_sentidx0": ("gate_softcross", []),  # gate_softcross trained again with the sentence index's code: its paired seed 1
 }
 DEFAULT_VARIANTS = ["softmax", "gate_softcross"]
 METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [
