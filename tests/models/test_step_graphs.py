@@ -204,3 +204,24 @@ def test_a_failed_capture_names_the_flag(translation_model, monkeypatch):
     with torch.no_grad(), pytest.raises(RuntimeError, match="decode without --cuda-graphs"):
         gen.forward(_source(task, 2))
 
+
+
+@pytest.mark.parametrize("extra", [pytest.param(["--rfa-gate"], id="rfa-gate"),
+                                   pytest.param(["--rfa-gate", "--cross-attention", "softmax"], id="gate-softmax-cross")])
+def test_forward_step_traces_whole_as_beam_search_shrinks(translation_model, extra):
+    """torch.compile traces the step as one graph (fullgraph: a graph break fails), at most twice over beam search's
+    shrinking batches (the first trace's shapes, then dynamic ones), and the traced step decodes as eager."""
+    task, model = _translation(translation_model, extra)
+    sample, graphs = _source(task, 3), []
+
+    def backend(gm, example_inputs):  # dynamo's trace, run as traced
+        graphs.append(gm)
+        return gm.forward
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30, min_len=1)
+    with torch.no_grad():
+        eager = gen.forward(sample)
+        torch._dynamo.reset()
+        model.decoder.forward_step = torch.compile(model.decoder.forward_step, backend=backend, fullgraph=True)
+        traced = gen.forward(sample)
+    _same_hypotheses(eager, traced)
+    assert 1 <= len(graphs) <= 2
