@@ -38,6 +38,7 @@ MODELS = {
                     **{f"gate_window{w}": MT + ["--rfa-gate", "--rfa-local-window", str(w)] for w in (16, 32, 64, 128)},
                     "gate_sentidx": MT + ["--rfa-gate", "--sentence-index"],
                     "gate_softmax1": MT + ["--rfa-gate", "--rfa-softmax-layers", "1"],  # a hybrid: layer 1 softmax
+                    "gate_sentidx_softmax1": MT + ["--rfa-gate", "--sentence-index", "--rfa-softmax-layers", "1"],
                     "rfa_gate_graphs": RFA_MT + ["--rfa-gate", "--cuda-graphs"],
                     "rfa_gate_softcross_graphs": MT + ["--rfa-gate", "--cuda-graphs"]},
     "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": LM + BASE, "rfa_gate": LM + ["--rfa-gate"] + BASE,
