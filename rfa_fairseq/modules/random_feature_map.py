@@ -103,7 +103,7 @@ class RandomFeatureMap(nn.Module):
 
     def inference_weights(self, dtype: torch.dtype):
         """``ops.gaussian_step_weights`` of sigma and the matrix in ``dtype``, kept while neither changes."""
-        if torch.compiler.is_compiling():  # a compiled step (--compile-step) computes them in its graph
+        if torch.compiler.is_compiling():  # a step under torch.compile computes them in its graph
             return gaussian_step_weights(self.random_matrix.to(dtype), self.sigma.to(dtype))
         made_from = (dtype, *((t.data_ptr(), t._version) for t in (self.sigma, self.random_matrix)))
         if self._inference_weights[0] != made_from:
