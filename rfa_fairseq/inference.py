@@ -1,11 +1,11 @@
 """A trained model's inference form, made in one place: fairseq-generate, fairseq-interactive and fairseq-eval-lm
 call the model's ``prepare_for_inference_`` after loading it (:class:`InferenceMixin`), which, beyond fairseq's own
 preparation, converts the model as its flags ask (:func:`to_decoding_form_`): int8 linear layers on the CPU with
-``--int8-inference`` (``modules/int8_linear.py``), every decoding step after the first replayed as a CUDA graph with
+``--int8-inference`` (``modules/int8_linear.py``; the layers of at least ``--int8-min-weights`` weights), every decoding step after the first replayed as a CUDA graph with
 ``--cuda-graphs`` (``step_graphs.py``). The int8 conversion swaps modules and cannot be undone: a converted model
 does not train, and a checkpoint is always saved from the training form.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from fairseq.dataclass import FairseqDataclass
@@ -14,6 +14,11 @@ from torch import nn
 
 from .modules.int8_linear import Int8Linear, int_mm_takes_uint8
 from .step_graphs import StepGraphs
+from .validation import flag, non_negative_int
+
+# Below this many weights a linear layer stays float32 under --int8-inference: quantizing a decoding step's few
+# input rows costs more than the int8 weight saves (one thread, 1-64 rows: docs/benchmarks.md#int8-linear-layers).
+INT8_MIN_WEIGHTS = 2 ** 18
 
 
 @dataclass
@@ -23,15 +28,19 @@ class InferenceConfig(FairseqDataclass):
                 "layers in int8, one scale per output row, as CTranslate2's int8 compute type "
                 "(rfa_fairseq/inference.py; needs torch 2.13's CPU int8 product). Training ignores it; "
                 "for a trained checkpoint: --model-overrides \"{'int8_inference': True}\""})
+    int8_min_weights: int = field(default=INT8_MIN_WEIGHTS, metadata={
+        "help": "with --int8-inference, only the linear layers of at least this many weights are int8; smaller "
+                "ones stay float32, where quantizing a decoding step's few input rows costs more than the int8 "
+                "weight saves (0: every layer)"})
     cuda_graphs: bool = field(default=False, metadata={
         "help": "at inference on a CUDA device, every decoding step after the first replayed as one CUDA "
                 "graph, one per batch size and state layout (rfa_fairseq/step_graphs.py); RFA "
                 "decoders only. For a trained checkpoint: --model-overrides \"{'cuda_graphs': True}\""})
 
 
-def quantize_linears_(model: nn.Module) -> nn.Module:
-    """Replace every ``nn.Linear`` in ``model`` (fairseq's output projection included), in place, by an
-    :class:`Int8Linear`; returns ``model``. For a model in evaluation mode on the CPU. Subclasses of nn.Linear
+def quantize_linears_(model: nn.Module, min_weights: int = 0) -> nn.Module:
+    """Replace every ``nn.Linear`` in ``model`` (fairseq's output projection included) of at least
+    ``min_weights`` weights, in place, by an :class:`Int8Linear`; returns ``model``. For a model in evaluation mode on the CPU. Subclasses of nn.Linear
     stay (as with torch's quantize_dynamic): torch's own MultiheadAttention, for one, reads its
     ``out_proj.weight``."""
     if model.training:
@@ -48,32 +57,43 @@ def quantize_linears_(model: nn.Module) -> nn.Module:
             # models) sends it down its other path, which calls the projections.
             module.skip_embed_dim_check = True
         for name, child in module.named_children():
-            if type(child) is nn.Linear:
+            if type(child) is nn.Linear and child.weight.numel() >= min_weights:
                 setattr(module, name, Int8Linear.from_float(child))
     return model
 
 
-def to_decoding_form_(model: nn.Module, int8: bool = False, cuda_graphs: bool = False) -> nn.Module:
-    """``model`` (in evaluation mode) with int8 linear layers (``int8``) and its decoding steps replayed as CUDA
-    graphs (``cuda_graphs``: an RFA decoder's); returns it."""
+def to_decoding_form_(model: nn.Module, int8: bool = False, cuda_graphs: bool = False,
+                      int8_min_weights: int = INT8_MIN_WEIGHTS) -> nn.Module:
+    """``model`` (in evaluation mode) with int8 linear layers of at least ``int8_min_weights`` weights (``int8``)
+    and its decoding steps replayed as CUDA graphs (``cuda_graphs``: an RFA decoder's); returns it."""
     if model.training:
         raise ValueError("the decoding form is for inference: call model.eval() first")
     if int8:
-        quantize_linears_(model)
+        quantize_linears_(model, non_negative_int(flag("int8_min_weights"), int8_min_weights))
     if cuda_graphs:
         model.decoder.step_graphs = StepGraphs(model.decoder)
     return model
 
 
 class InferenceMixin:
-    """Model mixin: ``prepare_for_inference_`` as the module docstring says (``self.int8_inference``,
-    ``self.cuda_graphs``: set by ``build_model``); ``set_beam_size`` tells the decoder's modules the beam."""
+    """Model mixin: ``prepare_for_inference_`` as the module docstring says (the :class:`InferenceConfig` fields,
+    set by ``build_model`` through :meth:`read_inference_flags`); ``set_beam_size`` tells the decoder's modules
+    the beam."""
 
     int8_inference = cuda_graphs = False
+    int8_min_weights = INT8_MIN_WEIGHTS
+
+    def read_inference_flags(self, args):
+        """The :class:`InferenceConfig` fields from ``args`` (a field unset or None: its default)."""
+        for f in fields(InferenceConfig):
+            if f.name.startswith("_"):  # FairseqDataclass's _name
+                continue
+            value = getattr(args, f.name, None)
+            setattr(self, f.name, f.default if value is None else type(f.default)(value))
 
     def prepare_for_inference_(self, cfg):
         super().prepare_for_inference_(cfg)  # fairseq's: evaluation mode, no training after it
-        to_decoding_form_(self, self.int8_inference, self.cuda_graphs)
+        to_decoding_form_(self, self.int8_inference, self.cuda_graphs, self.int8_min_weights)
 
     def set_beam_size(self, beam_size):
         """Called by fairseq's SequenceGenerator (for beams above 1): see ``modules/beam.py``."""

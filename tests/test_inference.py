@@ -23,11 +23,11 @@ def linears(model):
 @pytest.mark.parametrize("family", ["lm", "translation"])
 def test_prepare_for_inference_quantizes_every_linear_layer_only_when_asked(lm_model, translation_model, family,
                                                                             window):
-    """--int8-inference: every linear layer int8 after prepare_for_inference_ (training is not affected), and
-    the model's outputs close to float32's; without the flag the model is as it was."""
+    """--int8-inference --int8-min-weights 0: every linear layer int8 after prepare_for_inference_ (training is
+    not affected), and the model's outputs close to float32's; without the flag the model is as it was."""
     make = lm_model if family == "lm" else translation_model
     task, plain = make("--rfa-gate", *window)
-    _, model = make("--rfa-gate", "--int8-inference", *window)
+    _, model = make("--rfa-gate", "--int8-inference", "--int8-min-weights", "0", *window)
     model.load_state_dict(plain.state_dict())
     n = linears(plain)[0]
     assert n > 0 and linears(model) == (n, 0)
@@ -62,6 +62,29 @@ def test_int8_logits_follow_float32_and_decode_as_the_full_pass(lm_model):
     for error in (int8 - fp32, incr - int8):
         assert 0 < error.abs().mean().item() <= 0.05 * spread and error.abs().max().item() <= 0.25 * spread
     assert (fp32.argmax(-1) == int8.argmax(-1)).float().mean() >= 0.9
+
+
+@needs_int8_kernel
+@pytest.mark.parametrize("family", ["lm", "translation"])
+def test_int8_min_weights_keeps_the_smaller_linear_layers_float32(lm_model, translation_model, family):
+    """By default (--int8-min-weights 2**18) only layers of at least that many weights are int8: here the output
+    projection, made that large, alone; a threshold above every layer's size quantizes none, and a negative one is
+    refused by its flag."""
+    make = lm_model if family == "lm" else translation_model
+    _, model = make("--rfa-gate", "--int8-inference")
+    width = model.decoder.output_projection.in_features
+    model.decoder.output_projection = nn.Linear(width, 2 ** 18 // width, bias=False)
+    n = linears(model)[0]
+    model.prepare_for_inference_(GENERATE_CFG)
+    assert model.int8_min_weights == inference.INT8_MIN_WEIGHTS == 2 ** 18
+    assert linears(model) == (n - 1, 1) and isinstance(model.decoder.output_projection, Int8Linear)
+    _, model = make("--rfa-gate", "--int8-inference", "--int8-min-weights", str(2 ** 30))
+    n = linears(model)[0]
+    model.prepare_for_inference_(GENERATE_CFG)
+    assert linears(model) == (n, 0)
+    _, model = make("--rfa-gate", "--int8-inference", "--int8-min-weights", "-1")
+    with pytest.raises(ValueError, match="--int8-min-weights must be 0 or a positive integer, got -1"):
+        model.prepare_for_inference_(GENERATE_CFG)
 
 
 def test_quantizing_refuses_a_model_in_training_mode(lm_model):

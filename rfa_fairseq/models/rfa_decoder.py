@@ -8,7 +8,8 @@ from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
 from ..config import RFAConfig, softmax_layers
-from ..modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap, SoftmaxCrossAttention
+from ..modules import (CausalRFAttention, CrossRFAttention, RandomFeatureMap, SoftmaxCrossAttention,
+                       SoftmaxSelfAttention)
 from ..modules.random_feature_map import feature_map_id
 from ..modules.rfa_attention_base import IncrementalState
 from .sentence_index import sentence_embedding
@@ -47,11 +48,14 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
                                 init_sigma=rfa.rfa_init_sigma, module_id=module_id, fixed=rfa.rfa_fixed_features)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        if self.layer_idx in softmax_layers(self.rfa):  # fairseq's
-            return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
-            raise ValueError("RFA self-attention supports neither add_bias_kv, add_zero_attn nor "
+            raise ValueError("RFA decoders' self-attention supports neither add_bias_kv, add_zero_attn nor "
                              "--cross-self-attention")
+        if self.layer_idx in softmax_layers(self.rfa):  # fairseq's, the arguments of its builder
+            return SoftmaxSelfAttention(embed_dim, cfg.decoder.attention_heads, dropout=cfg.attention_dropout,
+                                        self_attention=True, q_noise=self.quant_noise,
+                                        qn_block_size=self.quant_noise_block_size,
+                                        xformers_att_config=cfg.decoder.xformers_att_config)
         rfa = self.rfa
         return CausalRFAttention(
             embed_dim, cfg.decoder.attention_heads,

@@ -50,8 +50,7 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
             divisible_heads(args.encoder_embed_dim, args.encoder_attention_heads,
                             "--encoder-embed-dim", "--encoder-attention-heads")
         model = super().build_model(args, task)
-        model.int8_inference = bool(getattr(args, "int8_inference", None))
-        model.cuda_graphs = bool(getattr(args, "cuda_graphs", None))
+        model.read_inference_flags(args)
         return model
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
@@ -101,8 +100,6 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
 def rfa_base_architecture(args):
     fill_rfa_defaults(args)
     fill_attention_defaults(args)
-    args.int8_inference = bool(getattr(args, "int8_inference", None))
-    args.cuda_graphs = bool(getattr(args, "cuda_graphs", None))
     base_architecture(args)
 
 

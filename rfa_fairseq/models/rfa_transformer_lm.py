@@ -38,8 +38,7 @@ class RFATransformerLanguageModel(InferenceMixin, TransformerLanguageModel):
             TransformerConfig.from_namespace(args), task.target_dictionary, cls.build_lm_input_embedding(args, task),
             rfa=rfa, no_encoder_attn=True)
         model = cls(decoder)
-        model.int8_inference = bool(safe_getattr(args, "int8_inference", False))
-        model.cuda_graphs = bool(safe_getattr(args, "cuda_graphs", False))
+        model.read_inference_flags(args)
         return model
 
     @classmethod

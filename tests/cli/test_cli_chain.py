@@ -62,7 +62,7 @@ def test_translation_train_generate_resume(mt_data):
     # int8 linear layers, asked for at generation time (refused by name where torch cannot run them)
     out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
                   "--beam", "4", "--max-len-b", "12", "--batch-size", "5", "--required-batch-size-multiple", "1", "--cpu",
-                  "--model-overrides", "{'int8_inference': True}", check=int_mm_takes_uint8())
+                  "--model-overrides", "{'int8_inference': True, 'int8_min_weights': 0}", check=int_mm_takes_uint8())
     if int_mm_takes_uint8():
         assert "Translated 12 sentences" in out and "DynamicQuantizedLinear" not in out
     else:
@@ -141,7 +141,7 @@ def test_language_model_train_and_eval_lm(tmp_path):
     assert math.isfinite(ppl) and 1.0 < ppl < 10 * len(open(tmp_path / "bin" / "dict.txt").readlines())
     out = run_cli("fairseq-eval-lm", tmp_path / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
                   "--gen-subset", "test", "--tokens-per-sample", "64", "--max-tokens", "2048", "--cpu",
-                  "--model-overrides", "{'int8_inference': True}", check=int_mm_takes_uint8())
+                  "--model-overrides", "{'int8_inference': True, 'int8_min_weights': 0}", check=int_mm_takes_uint8())
     if int_mm_takes_uint8():
         int8 = float(re.search(r"Perplexity: ([\d.]+)", out).group(1))
         assert int8 != ppl and abs(int8 - ppl) < 0.05 * ppl  # quantized, and close

@@ -72,7 +72,7 @@ def test_invalid_flag_values_name_the_flag(lm_model, translation_model, bad, fla
 def test_a_hybrid_decoder_has_softmax_self_attention_where_asked(translation_model):
     task, model = translation_model("--rfa-gate", "--rfa-softmax-layers", "1")
     assert [type(layer.self_attn).__name__ for layer in model.decoder.layers] == ["CausalRFAttention",
-                                                                                 "MultiheadAttention"]
+                                                                                 "SoftmaxSelfAttention"]
     assert model.decoder.buffered_future_mask(torch.zeros(3, 2, 32)).isinf().sum() == 3  # causal: above the diagonal
 
 
