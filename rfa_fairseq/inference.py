@@ -1,8 +1,9 @@
 """A trained model's inference form, made in one place: fairseq-generate, fairseq-interactive and fairseq-eval-lm
 call the model's ``prepare_for_inference_`` after loading it (:class:`InferenceMixin`), which, beyond fairseq's own
-preparation, converts the model as its flags ask (:func:`to_decoding_form_`): int8 linear layers on the CPU with
-``--int8-inference`` (``modules/int8_linear.py``; the layers of at least ``--int8-min-weights`` weights), every decoding step after the first replayed as a CUDA graph with
-``--cuda-graphs`` (``step_graphs.py``). The int8 conversion swaps modules and cannot be undone: a converted model
+preparation, converts the model as its flags ask (:func:`to_decoding_form_`): the decoder's linear layers of at least
+``--int8-min-weights`` weights in int8 on the CPU with ``--int8-inference`` (``modules/int8_linear.py``; the
+encoder, one pass over the source, multiplies many rows at once, where float32 is faster), every decoding step after
+the first replayed as a CUDA graph with ``--cuda-graphs`` (``step_graphs.py``). The int8 conversion swaps modules and cannot be undone: a converted model
 does not train, and a checkpoint is always saved from the training form.
 """
 from dataclasses import dataclass, field, fields
@@ -17,21 +18,21 @@ from .step_graphs import StepGraphs
 from .validation import flag, non_negative_int
 
 # Below this many weights a linear layer stays float32 under --int8-inference: quantizing a decoding step's few
-# input rows costs more than the int8 weight saves (one thread, 1-64 rows: docs/benchmarks.md#int8-linear-layers).
+# input rows costs more than the int8 weight saves (docs/benchmarks.md#decoding-documents-trained-checkpoints).
 INT8_MIN_WEIGHTS = 2 ** 18
 
 
 @dataclass
 class InferenceConfig(FairseqDataclass):
     int8_inference: bool = field(default=False, metadata={
-        "help": "at inference on the CPU (fairseq-generate, fairseq-interactive, fairseq-eval-lm), the linear "
-                "layers in int8, one scale per output row, as CTranslate2's int8 compute type "
+        "help": "at inference on the CPU (fairseq-generate, fairseq-interactive, fairseq-eval-lm), the decoder's "
+                "linear layers in int8 (the encoder's stay float32), one scale per output row, as CTranslate2's int8 compute type "
                 "(rfa_fairseq/inference.py; needs torch 2.13's CPU int8 product). Training ignores it; "
                 "for a trained checkpoint: --model-overrides \"{'int8_inference': True}\""})
     int8_min_weights: int = field(default=INT8_MIN_WEIGHTS, metadata={
-        "help": "with --int8-inference, only the linear layers of at least this many weights are int8; smaller "
-                "ones stay float32, where quantizing a decoding step's few input rows costs more than the int8 "
-                "weight saves (0: every layer)"})
+        "help": "with --int8-inference, only the decoder's linear layers of at least this many weights are "
+                "int8; smaller ones stay float32, where quantizing a decoding step's few input rows costs more "
+                "than the int8 weight saves (0: every layer of the decoder)"})
     cuda_graphs: bool = field(default=False, metadata={
         "help": "at inference on a CUDA device, every decoding step after the first replayed as one CUDA "
                 "graph, one per batch size and state layout (rfa_fairseq/step_graphs.py); RFA "
@@ -64,12 +65,13 @@ def quantize_linears_(model: nn.Module, min_weights: int = 0) -> nn.Module:
 
 def to_decoding_form_(model: nn.Module, int8: bool = False, cuda_graphs: bool = False,
                       int8_min_weights: int = INT8_MIN_WEIGHTS) -> nn.Module:
-    """``model`` (in evaluation mode) with int8 linear layers of at least ``int8_min_weights`` weights (``int8``)
+    """``model`` (in evaluation mode) with its decoder's linear layers of at least ``int8_min_weights`` weights in
+    int8 (``int8``)
     and its decoding steps replayed as CUDA graphs (``cuda_graphs``: an RFA decoder's); returns it."""
     if model.training:
         raise ValueError("the decoding form is for inference: call model.eval() first")
     if int8:
-        quantize_linears_(model, non_negative_int(flag("int8_min_weights"), int8_min_weights))
+        quantize_linears_(model.decoder, non_negative_int(flag("int8_min_weights"), int8_min_weights))
     if cuda_graphs:
         model.decoder.step_graphs = StepGraphs(model.decoder)
     return model

@@ -23,17 +23,18 @@ def linears(model):
 @pytest.mark.parametrize("family", ["lm", "translation"])
 def test_prepare_for_inference_quantizes_every_linear_layer_only_when_asked(lm_model, translation_model, family,
                                                                             window):
-    """--int8-inference --int8-min-weights 0: every linear layer int8 after prepare_for_inference_ (training is
-    not affected), and the model's outputs close to float32's; without the flag the model is as it was."""
+    """--int8-inference --int8-min-weights 0: every linear layer of the decoder int8 after prepare_for_inference_
+    (the encoder's stay float32; training is not affected), and the model's outputs close to float32's; without
+    the flag the model is as it was."""
     make = lm_model if family == "lm" else translation_model
     task, plain = make("--rfa-gate", *window)
     _, model = make("--rfa-gate", "--int8-inference", "--int8-min-weights", "0", *window)
     model.load_state_dict(plain.state_dict())
-    n = linears(plain)[0]
-    assert n > 0 and linears(model) == (n, 0)
+    n, encoder = linears(plain.decoder)[0], linears(plain)[0] - linears(plain.decoder)[0]
+    assert n > 0 and linears(model) == (n + encoder, 0) and (encoder > 0) == (family == "translation")
     plain.prepare_for_inference_(GENERATE_CFG)
     model.prepare_for_inference_(GENERATE_CFG)
-    assert linears(plain) == (n, 0) and linears(model) == (0, n) and not model.training
+    assert linears(plain) == (n + encoder, 0) and linears(model) == (encoder, n) and not model.training
     d = task.target_dictionary
     tokens = random_tokens(d, 2, 30, torch.Generator().manual_seed(3))
     inputs = (tokens,) if family == "lm" else (tokens, torch.full((2,), 30), tokens)
