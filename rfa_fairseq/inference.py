@@ -1,10 +1,9 @@
 """A trained model's inference form, made in one place: fairseq-generate, fairseq-interactive and fairseq-eval-lm
 call the model's ``prepare_for_inference_`` after loading it (:class:`InferenceMixin`), which, beyond fairseq's own
-preparation, converts the model as its flags ask (:func:`to_decoding_form_`): the decoder's linear layers of at least
-``--int8-min-weights`` weights in int8 on the CPU with ``--int8-inference`` (``modules/int8_linear.py``; the
-encoder, one pass over the source, multiplies many rows at once, where float32 is faster), every decoding step after
-the first replayed as a CUDA graph with ``--cuda-graphs`` (``step_graphs.py``). The int8 conversion swaps modules and cannot be undone: a converted model
-does not train, and a checkpoint is always saved from the training form.
+preparation, converts the model as its flags ask (:func:`to_decoding_form_`): with ``--int8-inference`` the decoder's
+linear layers of at least ``--int8-min-weights`` weights in int8 on the CPU (``modules/int8_linear.py``), with
+``--cuda-graphs`` every decoding step after the first replayed as a CUDA graph (``step_graphs.py``). The int8
+conversion swaps modules and cannot be undone: a converted model does not train (checkpoints keep the training form).
 """
 from dataclasses import dataclass, field, fields
 
@@ -26,13 +25,11 @@ INT8_MIN_WEIGHTS = 2 ** 18
 class InferenceConfig(FairseqDataclass):
     int8_inference: bool = field(default=False, metadata={
         "help": "at inference on the CPU (fairseq-generate, fairseq-interactive, fairseq-eval-lm), the decoder's "
-                "linear layers in int8 (the encoder's stay float32), one scale per output row, as CTranslate2's int8 compute type "
-                "(rfa_fairseq/inference.py; needs torch 2.13's CPU int8 product). Training ignores it; "
-                "for a trained checkpoint: --model-overrides \"{'int8_inference': True}\""})
+                "linear layers in int8, one scale per output row, as CTranslate2's int8 compute type (needs torch "
+                "2.13's CPU int8 product). For a trained checkpoint: --model-overrides \"{'int8_inference': True}\""})
     int8_min_weights: int = field(default=INT8_MIN_WEIGHTS, metadata={
-        "help": "with --int8-inference, only the decoder's linear layers of at least this many weights are "
-                "int8; smaller ones stay float32, where quantizing a decoding step's few input rows costs more "
-                "than the int8 weight saves (0: every layer of the decoder)"})
+        "help": "with --int8-inference, only the layers of at least this many weights (0: all): below, quantizing a "
+                "decoding step's few input rows costs more than the int8 weight saves"})
     cuda_graphs: bool = field(default=False, metadata={
         "help": "at inference on a CUDA device, every decoding step after the first replayed as one CUDA "
                 "graph, one per batch size and state layout (rfa_fairseq/step_graphs.py); RFA "
@@ -40,10 +37,9 @@ class InferenceConfig(FairseqDataclass):
 
 
 def quantize_linears_(model: nn.Module, min_weights: int = 0) -> nn.Module:
-    """Replace every ``nn.Linear`` in ``model`` (fairseq's output projection included) of at least
-    ``min_weights`` weights, in place, by an :class:`Int8Linear`; returns ``model``. For a model in evaluation mode on the CPU. Subclasses of nn.Linear
-    stay (as with torch's quantize_dynamic): torch's own MultiheadAttention, for one, reads its
-    ``out_proj.weight``."""
+    """Replace every ``nn.Linear`` of at least ``min_weights`` weights in ``model`` (evaluation mode, on the CPU), in
+    place, by an :class:`Int8Linear`; returns ``model``. Subclasses of nn.Linear stay (as with torch's
+    quantize_dynamic): torch's own MultiheadAttention, for one, reads its ``out_proj.weight``."""
     if model.training:
         raise ValueError("int8 quantization is for decoding: call model.eval() first (the int8 layers cannot train)")
     if any(t.device.type != "cpu" for t in [*model.parameters(), *model.buffers()]):
@@ -65,9 +61,9 @@ def quantize_linears_(model: nn.Module, min_weights: int = 0) -> nn.Module:
 
 def to_decoding_form_(model: nn.Module, int8: bool = False, cuda_graphs: bool = False,
                       int8_min_weights: int = INT8_MIN_WEIGHTS) -> nn.Module:
-    """``model`` (in evaluation mode) with its decoder's linear layers of at least ``int8_min_weights`` weights in
-    int8 (``int8``)
-    and its decoding steps replayed as CUDA graphs (``cuda_graphs``: an RFA decoder's); returns it."""
+    """``model`` (in evaluation mode) with its decoder's linear layers of ``int8_min_weights`` weights or more in int8
+    (``int8``; the encoder's one pass over many rows is faster in float32) and its decoding steps replayed as CUDA
+    graphs (``cuda_graphs``: an RFA decoder's); returns it."""
     if model.training:
         raise ValueError("the decoding form is for inference: call model.eval() first")
     if int8:
@@ -78,18 +74,14 @@ def to_decoding_form_(model: nn.Module, int8: bool = False, cuda_graphs: bool = 
 
 
 class InferenceMixin:
-    """Model mixin: ``prepare_for_inference_`` as the module docstring says (the :class:`InferenceConfig` fields,
-    set by ``build_model`` through :meth:`read_inference_flags`); ``set_beam_size`` tells the decoder's modules
-    the beam."""
+    """Model mixin: ``prepare_for_inference_`` as the module docstring says (by the :class:`InferenceConfig` fields,
+    which ``build_model`` reads); ``set_beam_size`` tells the decoder's modules the beam."""
 
-    int8_inference = cuda_graphs = False
-    int8_min_weights = INT8_MIN_WEIGHTS
+    int8_inference, cuda_graphs, int8_min_weights = False, False, INT8_MIN_WEIGHTS
 
     def read_inference_flags(self, args):
         """The :class:`InferenceConfig` fields from ``args`` (a field unset or None: its default)."""
-        for f in fields(InferenceConfig):
-            if f.name.startswith("_"):  # FairseqDataclass's _name
-                continue
+        for f in [f for f in fields(InferenceConfig) if not f.name.startswith("_")]:  # not FairseqDataclass's _name
             value = getattr(args, f.name, None)
             setattr(self, f.name, f.default if value is None else type(f.default)(value))
 

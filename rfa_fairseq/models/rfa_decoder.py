@@ -52,8 +52,8 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
             raise ValueError("RFA decoders' self-attention supports neither add_bias_kv, add_zero_attn nor "
                              "--cross-self-attention")
         if self.layer_idx in softmax_layers(self.rfa):  # fairseq's, the arguments of its builder
-            return SoftmaxSelfAttention(embed_dim, cfg.decoder.attention_heads, dropout=cfg.attention_dropout,
-                                        self_attention=True, q_noise=self.quant_noise,
+            return SoftmaxSelfAttention(embed_dim, cfg.decoder.attention_heads, self_attention=True,
+                                        dropout=cfg.attention_dropout, q_noise=self.quant_noise,
                                         qn_block_size=self.quant_noise_block_size,
                                         xformers_att_config=cfg.decoder.xformers_att_config)
         rfa = self.rfa

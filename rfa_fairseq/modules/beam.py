@@ -6,6 +6,7 @@ beam through ``set_beam_size`` (for beams above 1), and after every step reorder
 shrinks when finished sentences leave. Modules rely on that layout instead of checking it, which
 would read the order on the host every step.
 """
+import torch
 from torch import Tensor
 
 
@@ -28,3 +29,20 @@ class BeamLayout:
     def source_order(self, new_order: Tensor) -> Tensor:
         """The sentences that ``new_order``'s rows continue, one index per sentence."""
         return new_order.reshape(-1, self.beam_size)[:, 0] // self.beam_size
+
+
+def reorder_rows_(buffer: dict, names, new_order: Tensor, part=lambda name, t: t):
+    """Beam search's reorder of each ``buffer[name]``, ``name`` in ``names``: the rows (of its ``part``, a view) that
+    ``new_order`` keeps. Without autograd they are gathered into a spare buffer kept beside it, ``spare_<name>`` (the
+    two then swap roles; into its front when finished sentences shrink the batch): a step allocates no state-sized
+    memory (which the system would zero page by page) and the state alternates between two places (step_graphs)."""
+    rows = new_order.numel()
+    for name in names:
+        state, spare = buffer[name], buffer.pop("spare_" + name, None)
+        if torch.is_grad_enabled() or state.requires_grad:
+            buffer[name] = state.index_select(0, new_order)
+            continue
+        if spare is None or spare.size(0) < rows or spare.shape[1:] != state.shape[1:]:
+            spare = state.new_empty((rows,) + state.shape[1:])
+        torch.index_select(part(name, state), 0, new_order, out=part(name, spare[:rows]))
+        buffer[name], buffer["spare_" + name] = spare[:rows], state

@@ -25,7 +25,7 @@ from ..ops.causal_rfa.fla import BACKENDS, fla_chosen
 from ..ops.causal_rfa.window import empty_window_state
 from ..ops.denominator import DEFAULT_EPS, compute_dtype
 from ..validation import non_negative_int, one_of
-from .beam import BeamLayout
+from .beam import BeamLayout, reorder_rows_
 from .heads import merge_heads
 from .random_feature_map import RandomFeatureMap
 from .rfa_attention_base import IncrementalState, RFAttentionBase, init_projection
@@ -189,31 +189,11 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         return self.out_proj(out), None
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        """Beam search: keep the state rows that the surviving hypotheses continue.
-
-        Without autograd each state tensor's rows are gathered into a spare buffer kept beside it (the two then
-        swap roles; into its front when finished sentences shrink the batch), so a step allocates no state-sized
-        memory (which the operating system would zero page by page) and the state alternates between two
-        places (``step_graphs.py``). With one hypothesis per sentence an order that keeps the batch size keeps
-        every row in place (``modules/beam.py``)."""
+        """Beam search: the state rows the hypotheses continue (``beam.reorder_rows_``; beam 1, same batch: none move)."""
         buffer = self._get_input_buffer(incremental_state)
-        if buffer.get("state") is None:
+        if buffer.get("state") is None or (self.beam_size == 1 and new_order.numel() == buffer["state"].size(0)):
             return incremental_state
-        rows = new_order.numel()
-        if self.beam_size == 1 and rows == buffer["state"].size(0):
-            return incremental_state
-        for name in [name for name in buffer if not name.startswith("spare_")]:
-            state, spare = buffer[name], "spare_" + name
-            if torch.is_grad_enabled() or state.requires_grad:
-                buffer[name] = state.index_select(0, new_order)
-                buffer.pop(spare, None)
-                continue
-            memory = buffer.pop(spare, None)  # flat: room for at least as many rows as the state had
-            numel = rows * state[0].numel()
-            if memory is None or memory.numel() < numel:
-                memory = state.new_empty(numel)
-            buffer[name] = torch.index_select(state, 0, new_order, out=memory[:numel].view((rows,) + state.shape[1:]))
-            buffer[spare] = state.reshape(-1)  # the old rows are no longer needed
+        reorder_rows_(buffer, [name for name in buffer if not name.startswith("spare_")], new_order)
         self._set_input_buffer(incremental_state, buffer)
         return incremental_state
 

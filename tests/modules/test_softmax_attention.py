@@ -1,11 +1,11 @@
-"""SoftmaxSelfAttention (rfa_fairseq/modules/softmax_self_attention.py): fairseq's softmax self-attention, its
+"""SoftmaxSelfAttention (rfa_fairseq/modules/softmax_attention.py): fairseq's softmax self-attention, its
 decoding cache kept in place, steps and beam reorders equal to fairseq's MultiheadAttention with the same weights."""
 import pytest
 import torch
 from fairseq.modules import MultiheadAttention
 
 from rfa_fairseq.modules import SoftmaxSelfAttention
-from rfa_fairseq.modules import softmax_self_attention
+from rfa_fairseq.modules import softmax_attention
 
 
 def pair(seed=0):
@@ -20,7 +20,7 @@ def pair(seed=0):
 def test_steps_and_reorders_equal_fairseq(monkeypatch, room):
     """Ten steps of 6 rows, a pad at one row's step 2, a beam reorder after each step (rows taken from others,
     and after step 5 two rows leave): every step's output equals fairseq's, whose cache is concatenated."""
-    monkeypatch.setattr(softmax_self_attention, "ROOM", room)
+    monkeypatch.setattr(softmax_attention, "ROOM", room)
     ours, fairseq = pair()
     g = torch.Generator().manual_seed(1)
     mine, theirs, rows = {}, {}, 6

@@ -1,39 +1,51 @@
-"""SoftmaxSelfAttention: fairseq's causal softmax self-attention (``--rfa-softmax-layers``), its decoding cache kept
-in place.
-
-fairseq's MultiheadAttention appends each step's key and value to its cache with ``torch.cat`` and gathers the
-whole cache again in every beam reorder: two copies of the cache a step, which at long outputs cost more than the
-attention. Here a step writes into room kept ahead (``ROOM`` tokens more whenever it is full) and a reorder gathers
-the cache into a spare buffer kept beside it (as ``CausalRFAttention`` does): one copy. Outside decoding steps, and
-in the numbers of a step, it is fairseq's module with the same weights.
+"""fairseq's softmax attention, its weights and numbers, with leaner decoding caches: SoftmaxCrossAttention keeps
+one copy of the source per sentence, not per beam; SoftmaxSelfAttention (``--rfa-softmax-layers``) writes a step into
+room kept ahead (``ROOM`` tokens more when full) and gathers the filled part in a beam reorder (``beam.reorder_rows_``):
+one copy of the cache a step, where fairseq's ``torch.cat`` and reorder make two.
 """
 import torch
 from fairseq.modules import MultiheadAttention
 
+from .beam import reorder_rows_
+
 ROOM = 128  # tokens of room added to a full cache
 
 
+class SoftmaxCrossAttention(MultiheadAttention):
+    """fairseq's ``MultiheadAttention(encoder_decoder_attention=True)``, whose ``set_beam_size`` (one copy of the
+    source's keys and values per sentence, where fairseq's transformer caches one per beam: at long sources most of
+    the decoding state) takes effect in incremental decoding only: fairseq's would apply it in every call, so a
+    model that trains or scores after a beam search (validation BLEU) would attend to another sentence's source."""
+
+    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None, *args, **kwargs):
+        beam = self.beam_size
+        if incremental_state is None:
+            self.beam_size = 1  # a whole target (training, scoring) has one row per sentence, not beams
+        try:
+            return super().forward(query, key, value, key_padding_mask, incremental_state, *args, **kwargs)
+        finally:
+            self.beam_size = beam
+
+
 class SoftmaxSelfAttention(MultiheadAttention):
-    """fairseq's ``MultiheadAttention(self_attention=True)`` with the cache of the module docstring, in the
-    incremental state as ``keys``, ``values`` ``[B, H, room, K]``, ``pads`` ``[B, room]`` (True: a pad, which no
-    query attends to) and ``length``, the filled part, each tensor beside a ``spare_`` buffer for reorders."""
+    """fairseq's ``MultiheadAttention(self_attention=True)``; its decoding cache: ``keys``, ``values`` ``[B, H, room,
+    K]``, ``pads`` ``[B, room]`` (True: a pad) and ``length`` (the filled part), each beside a ``spare_`` buffer."""
 
     def forward(self, query, key, value, key_padding_mask=None, incremental_state=None, need_weights=True,
                 static_kv=False, attn_mask=None, before_softmax=False, need_head_weights=False):
         if incremental_state is None:
             return super().forward(query, key, value, key_padding_mask, incremental_state, need_weights, static_kv,
                                    attn_mask, before_softmax, need_head_weights)
-        if query.size(0) != 1 or key is not query or value is not query or need_weights or need_head_weights \
-                or static_kv or attn_mask is not None or before_softmax:
+        if query.size(0) != 1 or not (key is query is value) or need_weights or need_head_weights or static_kv \
+                or attn_mask is not None or before_softmax:
             raise ValueError("SoftmaxSelfAttention decodes one token a step, attending to itself and the tokens "
                              "before (no weights returned, no mask but padding), as fairseq's decoder layer calls it")
         B, H, K = query.size(1), self.num_heads, self.head_dim
         cache = self._get_input_buffer(incremental_state)
         n = cache.get("length", 0)
         if n == 0 or n == cache["keys"].size(2):  # full: ROOM more
-            for name, shape, dtype in (("keys", (B, H, n + ROOM, K), query.dtype),
-                                       ("values", (B, H, n + ROOM, K), query.dtype), ("pads", (B, n + ROOM), torch.bool)):
-                room = query.new_empty(shape, dtype=dtype)
+            for name, size in (("keys", (B, H, n + ROOM, K)), ("values", (B, H, n + ROOM, K)), ("pads", (B, n + ROOM))):
+                room = query.new_empty(size, dtype=torch.bool if name == "pads" else query.dtype)
                 if n:
                     filled(room, name, n).copy_(cache[name])
                 cache[name], cache["spare_" + name] = room, None
@@ -51,19 +63,11 @@ class SoftmaxSelfAttention(MultiheadAttention):
         return self.out_proj(out), None
 
     def reorder_incremental_state(self, incremental_state, new_order):
-        """Beam search: the filled part of each cache tensor's rows that the surviving hypotheses continue,
-        gathered into its spare buffer (the two then swap roles; into its front when finished sentences shrink the
-        batch)."""
+        """Beam search: the filled part of the rows that the surviving hypotheses continue (``beam.reorder_rows_``)."""
         cache = self._get_input_buffer(incremental_state)
         n = cache.get("length", 0)
         if n:
-            rows = new_order.numel()
-            for name in ("keys", "values", "pads"):
-                state, spare = cache[name], cache["spare_" + name]
-                if spare is None or spare.size(0) < rows:
-                    spare = state.new_empty((rows,) + state.shape[1:])
-                torch.index_select(filled(state, name, n), 0, new_order, out=filled(spare[:rows], name, n))
-                cache[name], cache["spare_" + name] = spare[:rows], state
+            reorder_rows_(cache, ("keys", "values", "pads"), new_order, lambda name, t: filled(t, name, n))
             self._set_input_buffer(incremental_state, cache)
         return incremental_state
 
