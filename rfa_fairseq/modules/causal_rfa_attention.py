@@ -189,7 +189,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         return self.out_proj(out), None
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        """Beam search: the state rows the hypotheses continue (``beam.reorder_rows_``; beam 1, same batch: none move)."""
+        """Beam search: the state rows the hypotheses continue (``beam.reorder_rows_``; beam 1, same batch: none)."""
         buffer = self._get_input_buffer(incremental_state)
         if buffer.get("state") is None or (self.beam_size == 1 and new_order.numel() == buffer["state"].size(0)):
             return incremental_state
