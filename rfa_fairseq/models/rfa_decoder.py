@@ -12,7 +12,8 @@ from ..modules import (CausalRFAttention, CrossRFAttention, RandomFeatureMap, So
                        SoftmaxSelfAttention)
 from ..modules.random_feature_map import feature_map_id
 from ..modules.rfa_attention_base import IncrementalState
-from .sentence_index import sentence_embedding
+from ..modules.softmax_attention import SentenceWindow
+from .sentence_index import sentence_embedding, sentence_numbers
 from .wrapping import wrap_layer
 
 # Bump when the RFA part of the state dict changes; upgrade_state_dict_named converts old ones.
@@ -84,6 +85,10 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None,
                  decoding_attention: bool = False):
         self.decoding_attention = decoding_attention
+        # --sentence-index: the <sep> token's index in each dictionary (set by the model's builder); with
+        # --cross-sentence-window K >= 0 the cross attention reads a window of source sentences (SentenceWindow)
+        self.sentence_separator = self.source_separator = None
+        self.cross_sentence_window = -1
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
 
@@ -92,8 +97,22 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
                                     alignment_heads=None):
         if incremental_state is not None and alignment_layer is None and not self.decoding_attention:
             alignment_layer = self.num_layers  # past the last layer: none returns its weights
+        if self.cross_sentence_window >= 0 and encoder_out is not None:  # fairseq's layers pass it to cross attention
+            target = sentence_numbers(prev_output_tokens, self.sentence_separator, written=True)
+            first = incremental_state is None or prev_output_tokens.size(1) == 1  # the step that caches the windows
+            encoder_out = dict(encoder_out, encoder_padding_mask=[self.sentence_window(
+                encoder_out if first else None, target if incremental_state is None else target[:, -1:])])
         return super().extract_features_scriptable(prev_output_tokens, encoder_out, incremental_state,
                                                    full_context_alignment, alignment_layer, alignment_heads)
+
+    def sentence_window(self, encoder_out, target: Tensor) -> SentenceWindow:
+        """The cross attention's windows for the target inputs' sentence numbers ``target [B, Tt]``; the source's are
+        counted from ``encoder_out`` (its tokens, -1 at its pads) unless it is None (a step that reads its cache)."""
+        source = None
+        if encoder_out is not None:
+            source = sentence_numbers(encoder_out["src_tokens"][0], self.source_separator, written=False)
+            source = source.masked_fill(encoder_out["encoder_padding_mask"][0], -1)
+        return SentenceWindow(source, target, self.cross_sentence_window)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         return wrap_layer(self.new_layer(cfg, no_encoder_attn), cfg)
@@ -114,7 +133,6 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
             raise ValueError(f"--rfa-softmax-layers {rfa.rfa_softmax_layers}: the decoder has layers 0 to "
                              f"{cfg.decoder.layers - 1}")
         self.step_graphs = None  # rfa_fairseq.step_graphs.StepGraphs, set by rfa_fairseq.inference (--cuda-graphs)
-        self.sentence_separator = None  # the <sep> token's index with --sentence-index (set by the model's builder)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection, decoding_attention=decoding_attention)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
@@ -171,9 +189,10 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                 positions = positions + sentence_embedding(sentence, positions.size(-1)).to(positions.dtype)[:, None]
         x = self._embed(tokens, positions)
         enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+        window = None if self.cross_sentence_window < 0 or enc is None else self.sentence_window(None, sentence[:, None])
         pad = tokens.eq(self.padding_idx)
         for layer in self.layers:
-            x, _, _ = layer(x, enc, None, incremental_state, self_attn_padding_mask=pad)
+            x, _, _ = layer(x, enc, window, incremental_state, self_attn_padding_mask=pad)
         return self.output_layer(self._features(x))
 
     def _position_index(self, prev_output_tokens) -> int:

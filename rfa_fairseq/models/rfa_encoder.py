@@ -60,7 +60,14 @@ class BeamGroupedReorder:
     """``reorder_encoder_out`` without fairseq's copy (an ``index_select`` of the T x (B * beam) x C output
     after every step, costlier than the decoder step at long sources) where it would change nothing: while
     the batch keeps its size, orders move rows only within their sentence's beam (``modules/beam.py``),
-    whose rows are copies of one row. Orders that drop sentences are applied as fairseq does."""
+    whose rows are copies of one row. Orders that drop sentences are applied as fairseq does. The output keeps
+    the source's tokens in fairseq's ``src_tokens`` slot (reordered with it): ``--cross-sentence-window`` numbers
+    the source's sentences from them."""
+
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
+        out = super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
+        out["src_tokens"] = [src_tokens]
+        return out
 
     def reorder_encoder_out(self, encoder_out, new_order):
         out = encoder_out["encoder_out"]

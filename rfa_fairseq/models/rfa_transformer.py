@@ -50,6 +50,9 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
             divisible_heads(args.encoder_embed_dim, args.encoder_attention_heads,
                             "--encoder-embed-dim", "--encoder-attention-heads")
         model = super().build_model(args, task)
+        if attention.cross_sentence_window >= 0:
+            model.decoder.cross_sentence_window = attention.cross_sentence_window
+            model.decoder.source_separator = separator_index(task.source_dictionary, "source")
         model.read_inference_flags(args)
         return model
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from fairseq.dataclass import ChoiceEnum
 
 from ..config import RFA_FIELDS, fill_defaults, read_fields, refuse_changed
-from ..validation import flag, one_of
+from ..validation import flag, non_negative_int, one_of
 from .rfa_encoder import EncoderAttentionConfig, encoder_attention_config_from
 
 DECODER_ATTENTIONS = ("rfa", "softmax")
@@ -44,6 +44,13 @@ class TranslationAttentionConfig(EncoderAttentionConfig):
                           "target token's input a sinusoidal embedding of its sentence's number, the target's counted "
                           "from the separators written (rfa_fairseq/models/sentence_index.py; docs/quality.md)"},
     )
+    cross_sentence_window: int = field(
+        default=-1,
+        metadata={"help": "with --sentence-index: softmax cross attention reads only the source sentences within K of "
+                          "the sentence being written (0: that one; 1: also the one before and after), so a decoding "
+                          "step reads a few sentences, not the whole document (rfa_fairseq/ops/sentence_window.py). "
+                          "-1: the whole source"},
+    )
 
 
 ATTENTION_FIELDS = tuple(f.name for f in fields(TranslationAttentionConfig))
@@ -71,4 +78,9 @@ def attention_config_from(args) -> TranslationAttentionConfig:
                        "with --cross-attention softmax (the default) the cross attention is fairseq's own")
     for name in ("decoding_attention", "sentence_index"):
         values[name] = bool(values[name])
+    if values["cross_sentence_window"] != -1:
+        non_negative_int("--cross-sentence-window (-1: off)", values["cross_sentence_window"])
+        if not values["sentence_index"] or values["cross_attention"] != "softmax":
+            raise ValueError("--cross-sentence-window restricts softmax cross attention to sentences numbered by "
+                             "--sentence-index: it needs --sentence-index and --cross-attention softmax")
     return TranslationAttentionConfig(**values)

@@ -1,23 +1,44 @@
 """fairseq's softmax attention, its weights and numbers, with leaner decoding caches: SoftmaxCrossAttention keeps
-one copy of the source per sentence, not per beam; SoftmaxSelfAttention (``--rfa-softmax-layers``) writes a step into
+one copy of the source per sentence, not per beam, and with a :class:`SentenceWindow` reads only the source sentences
+near the one being written (``--cross-sentence-window``); SoftmaxSelfAttention (``--rfa-softmax-layers``) writes a step into
 room kept ahead (``ROOM`` tokens more when full) and gathers the filled part in a beam reorder (``beam.reorder_rows_``):
 one copy of the cache a step, where fairseq's ``torch.cat`` and reorder make two.
 """
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 from fairseq.modules import MultiheadAttention
+from torch import Tensor
 
+from ..ops.sentence_window import window_mask, window_table
 from .beam import reorder_rows_
 
 ROOM = 128  # tokens of room added to a full cache
+
+
+@dataclass
+class SentenceWindow:
+    """``--cross-sentence-window``: what the decoder passes to its layers in place of the source's padding mask (a
+    layer hands it on to its cross attention): each source token's sentence number ``source [B, Ts]`` (-1: a pad;
+    None in decoding steps after the first, which read the windows cached then), each target input's ``target [B,
+    Tt]``, and the window's ``width`` K (ops/sentence_window.py)."""
+    source: Optional[Tensor]
+    target: Tensor
+    width: int
 
 
 class SoftmaxCrossAttention(MultiheadAttention):
     """fairseq's ``MultiheadAttention(encoder_decoder_attention=True)``, whose ``set_beam_size`` (one copy of the
     source's keys and values per sentence, where fairseq's transformer caches one per beam: at long sources most of
     the decoding state) takes effect in incremental decoding only: fairseq's would apply it in every call, so a
-    model that trains or scores after a beam search (validation BLEU) would attend to another sentence's source."""
+    model that trains or scores after a beam search (validation BLEU) would attend to another sentence's source.
+    Given a :class:`SentenceWindow` as ``key_padding_mask`` it reads only each target position's window."""
 
     def forward(self, query, key, value, key_padding_mask=None, incremental_state=None, *args, **kwargs):
+        if isinstance(key_padding_mask, SentenceWindow):
+            return self._windowed(query, key, key_padding_mask, incremental_state, kwargs.get("need_weights", True),
+                                  kwargs.get("need_head_weights", False))
         beam = self.beam_size
         if incremental_state is None:
             self.beam_size = 1  # a whole target (training, scoring) has one row per sentence, not beams
@@ -25,6 +46,47 @@ class SoftmaxCrossAttention(MultiheadAttention):
             return super().forward(query, key, value, key_padding_mask, incremental_state, *args, **kwargs)
         finally:
             self.beam_size = beam
+
+    def _windowed(self, query: Tensor, key: Tensor, window: SentenceWindow, incremental_state, need_weights: bool,
+                  need_head_weights: bool):
+        """``query [Tt, B, C]`` reads the source ``key [Ts, B, C]`` (keys and values alike) in its window: a full
+        pass masks the whole product; a decoding step (``Tt`` = 1) gathers the window's W keys and values, cached in
+        the first step per source (``window_keys``, ``window_values`` ``[S, Ts, H, K]``; ``window_positions``,
+        ``window_valid`` ``[S, J, W]``), each beam's row reading its sentence's copy."""
+        T, B, H, K = query.size(0), query.size(1), self.num_heads, self.head_dim
+        q = (self.q_proj(query) * self.scaling).view(T, B, H, K)
+        if incremental_state is None:
+            keys, values = (proj(key).view(key.size(0), B, H, K) for proj in (self.k_proj, self.v_proj))
+            scores = torch.einsum("tbhk,sbhk->bhts", q, keys)
+            scores = scores.masked_fill(~window_mask(window.source, window.target, window.width)[:, None], float("-inf"))
+            probs = torch.softmax(scores.float(), -1).type_as(scores)
+            out = torch.einsum("bhts,sbhk->tbhk", self.dropout_module(probs), values)
+            weights = probs.transpose(0, 1) if need_weights or need_head_weights else None  # [H, B, Tt, Ts]
+            return self.out_proj(out.reshape(T, B, H * K)), (
+                weights if need_head_weights or weights is None else weights.mean(0))
+        cache = self._get_input_buffer(incremental_state)
+        if "window_keys" not in cache:  # the first step: one copy per source (a beam's rows are copies of one row)
+            if window.source is None:
+                raise ValueError("SentenceWindow: the first decoding step needs the source's sentence numbers")
+            beam = self.beam_size if self.beam_size > 1 and key.size(1) == B else 1
+            key = key.view(key.size(0), -1, beam, key.size(2))[:, :, 0]
+            for name, proj in (("window_keys", self.k_proj), ("window_values", self.v_proj)):
+                cache[name] = proj(key).view(key.size(0), -1, H, K).transpose(0, 1).contiguous()
+            cache["window_positions"], cache["window_valid"] = window_table(window.source[::beam], window.width)
+            self._set_input_buffer(incremental_state, cache)
+        positions, valid = cache["window_positions"], cache["window_valid"]
+        source = torch.arange(B, device=query.device) // (B // positions.size(0))  # each row's source
+        current = window.target[:, -1].clamp(max=positions.size(1) - 1)
+        positions, valid = positions[source, current], valid[source, current]  # [B, W]
+        keys, values = (cache[name][source[:, None], positions] for name in ("window_keys", "window_values"))
+        scores = torch.einsum("bhk,bwhk->bhw", q[0], keys).masked_fill(~valid[:, None], float("-inf"))
+        probs = torch.softmax(scores.float(), -1).type_as(scores)
+        out = self.out_proj(torch.einsum("bhw,bwhk->bhk", probs, values).reshape(1, B, H * K))
+        if not (need_weights or need_head_weights):
+            return out, None
+        weights = probs.new_zeros(B, H, cache["window_keys"].size(1)).scatter_add_(
+            2, positions[:, None].expand(-1, H, -1), probs * valid[:, None])  # [B, H, Ts]
+        return out, weights.transpose(0, 1)[:, :, None] if need_head_weights else weights.mean(1)[:, None]
 
 
 class SoftmaxSelfAttention(MultiheadAttention):

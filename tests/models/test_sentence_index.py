@@ -9,8 +9,11 @@ from rfa_fairseq.step_graphs import StepGraphs
 from rfa_test_utils import emulate_cuda_graphs, fx_capture, random_tokens
 
 SOFTMAX_CROSS = ["--cross-attention", "softmax", "--rfa-gate", "--rfa-causal-feature-dim", "64"]
+WINDOW = ["--cross-sentence-window", "1"]
 DECODERS = [pytest.param(SOFTMAX_CROSS, id="rfa-gate"), pytest.param(["--decoder-attention", "softmax"], id="softmax"),
-            pytest.param(SOFTMAX_CROSS + ["--decoder-learned-pos", "--encoder-learned-pos"], id="learned-positions")]
+            pytest.param(SOFTMAX_CROSS + ["--decoder-learned-pos", "--encoder-learned-pos"], id="learned-positions"),
+            pytest.param(SOFTMAX_CROSS + WINDOW, id="rfa-gate-window"),
+            pytest.param(["--decoder-attention", "softmax", "--cross-sentence-window", "0"], id="softmax-window")]
 
 
 @pytest.fixture
@@ -76,22 +79,63 @@ def test_refused_without_a_separator(translation_model):
         translation_model("--sentence-index", *SOFTMAX_CROSS, rfa_flags=False)
 
 
-def test_graphed_beam_search_equals_eager(documents_model, monkeypatch):
-    """The sentence numbers reach a replayed step through its buffer."""
+@pytest.mark.parametrize("flags,error", [
+    (["--cross-sentence-window", "1", *SOFTMAX_CROSS], "needs --sentence-index and --cross-attention softmax"),
+    (["--cross-sentence-window", "1", "--sentence-index", "--cross-attention", "rfa"], "needs --sentence-index and"),
+    (["--cross-sentence-window", "-2", "--sentence-index", *SOFTMAX_CROSS], "--cross-sentence-window")])
+def test_a_window_without_what_it_needs_is_refused(documents_model, flags, error):
+    with pytest.raises(ValueError, match=error):
+        documents_model(*flags)
+
+
+def test_the_windowed_decoding_state_does_not_grow_with_the_document(documents_model):
+    """RFA-Gate with the window: every tensor a step keeps (the causal state, the source's cached windows) has
+    the same size after 8, 64 and 512 target tokens of 1 and of 60 sentences."""
+    task, model, sep = documents_model("--sentence-index", *SOFTMAX_CROSS, *WINDOW, "--max-target-positions", "1024")
+    src = _with_separators(task.source_dictionary, sep, 2, 40, 6)
+    for separators in (False, True):
+        prev = random_tokens(task.target_dictionary, 2, 512, torch.Generator().manual_seed(7))
+        if separators:
+            prev[:, 3::8] = sep
+        enc, state, sizes = model.encoder(src, src_lengths=torch.full((2,), 40)), {}, []
+        with torch.no_grad():
+            for t in range(512):
+                model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)
+                if t + 1 in (8, 64, 512):
+                    sizes.append({(k, f): v.shape for k, fields in state.items() for f, v in fields.items()
+                                  if isinstance(v, torch.Tensor)})
+        assert sizes[0] == sizes[1] == sizes[2] and any(f == "window_keys" for _, f in sizes[0])
+
+
+@pytest.mark.parametrize("extra", [pytest.param([], id="index"), pytest.param(WINDOW, id="window")])
+def test_graphed_beam_search_equals_eager_and_the_full_pass(documents_model, monkeypatch, extra):
+    """The sentence numbers reach a replayed step through its buffer; every hypothesis, its sentences' windows
+    included, scores as the full pass scores it, as finished sentences leave the batch."""
     emulate_cuda_graphs(monkeypatch, fx_capture)
-    task, model, sep = documents_model("--sentence-index", *SOFTMAX_CROSS)
+    task, model, sep = documents_model("--sentence-index", *SOFTMAX_CROSS, *extra)
     with torch.no_grad():
         model.decoder.output_projection.weight[sep] *= 3.0  # separators written often
     src = _with_separators(task.source_dictionary, sep, 4, 16, 5)
     src[:, -1] = task.source_dictionary.eos()
     sample = {"id": torch.arange(4), "net_input": {"src_tokens": src, "src_lengths": torch.full((4,), 16)}}
-    gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30, min_len=25)
+    with torch.no_grad():
+        model.decoder.output_projection.weight[task.target_dictionary.eos()] *= 2.0
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30, min_len=10)
     with torch.no_grad():
         eager = gen.forward(sample)
         model.decoder.step_graphs = StepGraphs(model.decoder)
         graphed = gen.forward(sample)
     assert any((h["tokens"] == sep).sum() > 1 for nbest in eager for h in nbest)
+    assert len({len(h["tokens"]) for nbest in eager for h in nbest}) > 1  # sentences finish at different steps
     assert model.decoder.step_graphs.graphs
+    eos = task.target_dictionary.eos()
+    with torch.no_grad():
+        for row, nbest in enumerate(eager):
+            for h in nbest:
+                prev = torch.cat([h["tokens"].new_tensor([eos]), h["tokens"][:-1]])[None]
+                lprobs = model.get_normalized_probs(model(src[row:row + 1], torch.tensor([16]), prev), log_probs=True)
+                rescored = lprobs[0].gather(-1, h["tokens"][:, None])[:, 0]
+                torch.testing.assert_close(rescored, h["positional_scores"], rtol=0, atol=1e-4)
     for nbest_a, nbest_b in zip(eager, graphed, strict=True):
         for a, b in zip(nbest_a, nbest_b, strict=True):
             assert torch.equal(a["tokens"], b["tokens"])

@@ -1,0 +1,35 @@
+"""Cross attention restricted to the source sentences near the one being written (``--cross-sentence-window K``).
+
+A target position in sentence ``j`` reads the source sentences ``j - K .. j + K``, ``j`` clamped to the source's last
+sentence (a decoder that writes more separators than the source has stays on its last one). Sentence numbers count
+the separators before a source token, and those written up to a target input (models/sentence_index.py); a source's
+pads are numbered -1. Two forms of the same windows:
+
+- ``window_mask``: the whole ``[B, Tt, Ts]`` mask of a full pass (training, scoring): the reference;
+- ``window_table``: per source and sentence number, the window's positions, so that a decoding step gathers a fixed
+  count of keys and values (W, the batch's widest window), whatever the source's length.
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor
+
+
+def window_mask(source: Tensor, target: Tensor, width: int) -> Tensor:
+    """``source [B, Ts]``, ``target [B, Tt]`` sentence numbers: ``[B, Tt, Ts]``, True where target position t reads
+    source position s."""
+    current = torch.minimum(target, source.amax(1, keepdim=True))
+    return (source[:, None, :] - current[:, :, None]).abs().le(width) & source.ge(0)[:, None, :]
+
+
+def window_table(source: Tensor, width: int) -> Tuple[Tensor, Tensor]:
+    """``source [S, Ts]``'s windows for sentence numbers ``0 .. J - 1`` (J: the batch's most sentences; a number past
+    a source's last reads its last sentence's window, as ``window_mask``): ``positions [S, J, W]`` (each window's
+    source positions in order, then zeros) and ``valid [S, J, W]`` (False at those zeros). Reads the sizes J and W
+    back to the host: once per source batch."""
+    numbers = torch.arange(int(source.amax()) + 1, device=source.device).expand(source.size(0), -1)
+    allowed = window_mask(source, numbers, width)
+    count = allowed.sum(-1, keepdim=True)
+    positions = allowed.to(torch.uint8).argsort(dim=-1, descending=True, stable=True)[..., :int(count.amax())]
+    valid = torch.arange(positions.size(-1), device=source.device) < count
+    return positions.masked_fill(~valid, 0), valid
