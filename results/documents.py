@@ -23,6 +23,7 @@ SETTINGS = {"final": dict(quality.SETTINGS["final"], finetune=dict(FINETUNE, upd
             "screen": dict(quality.SETTINGS["screen"], finetune=FINETUNE),
             "screen_long": dict(quality.SETTINGS["screen"], finetune=dict(FINETUNE, updates=1200)),
             "screen_docs": dict(quality.SETTINGS["screen"])}  # the documents alone, from scratch
+CUT = 0.8  # a document cut short: fewer than this share of its reference's sentences written
 BUCKETS = [(0, 128), (128, 256), (256, 512), (512, None)]
 POSITIONS = ["--max-source-positions", "1280", "--max-target-positions", "1280"]  # the longest: 1,243 subwords
 GENERATE = []  # fairseq-generate flags after the runner's (tests shorten the outputs of untrained models)
@@ -38,11 +39,15 @@ VARIANTS = {  # name: (results/quality.py's variant, extra flags)
     "gate_sentidx0": ("gate_softcross", []),  # gate_softcross trained again with the sentence index's code: its paired seed 1
     "gate_sentidx_soft1": ("gate_softcross", ["--sentence-index", "--rfa-softmax-layers", "1"]),  # decoder layer 1: softmax
     "softmax0": ("softmax", []),  # softmax trained again at this code: seed 1's repeats and placement, a checkpoint to convert
+    "softmax_sentidx": ("softdec", ["--sentence-index"]),  # fairseq's softmax decoder with the index: like for like
+    # cross attention on the source sentences within K of the one being written: a step reads 2K + 1 sentences
+    **{f"gate_sentidx_window{k}": ("gate_softcross", ["--sentence-index", "--cross-sentence-window", str(k)]) for k in (0, 1)},
 }
 DEFAULT_VARIANTS = ["softmax", "gate_softcross"]
 METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [
     (f"test {lo}-{hi or ''}", f"test_bleu_{lo}", 2) for lo, hi in BUCKETS] + [
     ("test sentences / ref, 512-", "test_sentences_512", 2), ("test repeats, 512-", "test_repeats_512", 3),
+    ("test cut short", "test_cut", 0), ("test cut short, 512-", "test_cut_512", 0),
     ("test attention on its sentence, 512-", "test_align_last_512", 3), ("test stays, 512-", "test_free_stay_512", 3),
     ("test repeats that stay, 512-", "test_free_repeat_stay_512", 3)]
 TIME = "s_per_update_with_validation"
@@ -76,7 +81,8 @@ def prepare(a):  # quality.py's data as documents in --work/docs (SPLIT.ref.en, 
 
 def score(generated: Path, refs: Path, lengths: Path, pieces: Path) -> dict:
     """Document BLEU (separators removed), overall and by the reference's subwords; sentences per reference sentence
-    (``pieces``: the references in subwords), and the share of sentences that repeat the one before (a lost place)."""
+    (``pieces``: the references in subwords), the share of sentences that repeat the one before (a lost place), the
+    documents cut short (fewer than CUT of the reference's sentences) and the fewest sentences per reference's."""
     outputs, ref = [split_document(h) for h in hypotheses(generated)], refs.read_text(encoding="utf-8").splitlines()
     ref_sentences = [len(split_document(line)) for line in pieces.read_text(encoding="utf-8").splitlines()]
     sizes, metric, found = [int(n) for n in lengths.read_text().split()], sacrebleu.BLEU(force=True), {}
@@ -89,6 +95,8 @@ def score(generated: Path, refs: Path, lengths: Path, pieces: Path) -> dict:
         written = sum(len(outputs[i]) for i in pick)
         found[f"sentences{tail}"] = round(written / sum(ref_sentences[i] for i in pick), 3)
         found[f"repeats{tail}"] = round(sum(a == b for i in pick for a, b in zip(outputs[i], outputs[i][1:])) / written, 3)
+        share = [len(outputs[i]) / ref_sentences[i] for i in pick]
+        found[f"cut{tail}"], found[f"fewest{tail}"] = sum(x < CUT for x in share), round(min(share), 3)
         if lo is not None:
             found[f"docs_{lo}"] = len(pick)
     return found

@@ -37,6 +37,7 @@ VARIANTS = {
     **{f"gate_softcross_{p}": PLUGIN + ["--rfa-gate", "--cross-attention", "softmax", f"--{p}"]
        for p in ("bf16", "fp16", "amp")},  # fairseq's mixed precision (CUDA only)
     "rfa_softcross": PLUGIN + ["--cross-attention", "softmax"],
+    "softdec": PLUGIN + ["--decoder-attention", "softmax"],  # fairseq's softmax decoder in the plugin's model
     "gate_softcross_f32": PLUGIN + ["--rfa-gate", "--rfa-causal-feature-dim", "32"],  # half the causal state
     "elu_softcross": PLUGIN + ["--rfa-kernel", "elu"], "gate_elu_softcross": PLUGIN + ["--rfa-gate", "--rfa-kernel", "elu"],
     # linear encoders behind the default RFA-Gate decoder and behind fairseq's softmax decoder; LARA: 8 landmarks

@@ -49,7 +49,7 @@ def test_every_lm_and_classifier_variant_parses_with_fairseq_train():
 
 def test_diagnostics_run_where_the_model_has_rfa_modules():
     """scripts/rfa_diagnostics.py reads RFA modules: an RFA decoder or an rfa / favor encoder."""
-    assert [v for v in quality.VARIANTS if not quality.has_rfa_modules(v)] == ["softmax", "softdec_enc_lara"]
+    assert [v for v in quality.VARIANTS if not quality.has_rfa_modules(v)] == ["softmax", "softdec", "softdec_enc_lara"]
 
 
 def test_conversion_rows_are_the_recorded_ones():
@@ -181,6 +181,19 @@ def test_documents_count_the_sentences_written_again(tmp_path):
     found = documents.score(tmp_path / "gen", tmp_path / "ref", tmp_path / "len", tmp_path / "pieces")
     assert found["sentences"] == round(5 / 3, 3) and found["repeats"] == round(2 / 5, 3)
     assert found["sentences_512"] == 2.0 and found["repeats_512"] == 0.5 and found["repeats_0"] == 0.0
+
+
+def test_documents_cut_short_are_counted_per_document(tmp_path):
+    """One document ending after 1 of 5 sentences is cut short even where another's extra sentences even the mean."""
+    (tmp_path / "gen").write_text("H-0\t-0.1\ta b\nH-1\t-0.1\tc <sep> d <sep> e <sep> f <sep> g <sep> h <sep> i <sep> j\n"
+                                  "H-2\t-0.1\tk <sep> l <sep> m <sep> n\n")
+    (tmp_path / "ref").write_text("a b c d e\nc d e f g\nk l m n o\n")
+    (tmp_path / "len").write_text("600\n700\n100\n")
+    (tmp_path / "pieces").write_text("a <sep> b <sep> c <sep> d <sep> e\nc <sep> d <sep> e <sep> f <sep> g\n"
+                                     "k <sep> l <sep> m <sep> n <sep> o\n")
+    found = documents.score(tmp_path / "gen", tmp_path / "ref", tmp_path / "len", tmp_path / "pieces")
+    assert found["sentences_512"] == 0.9 and found["cut_512"] == 1 and found["fewest_512"] == 0.2
+    assert found["cut"] == 1 and found["cut_0"] == 0 and found["fewest_0"] == 0.8  # 4 of 5 is not cut short
 
 
 @pytest.mark.slow
