@@ -26,8 +26,9 @@ import harness  # noqa: E402
 
 BASE = ["--decoder-embed-dim", "512", "--decoder-ffn-embed-dim", "2048", "--decoder-layers", "6",
         "--decoder-attention-heads", "8"]
-TINY = [f"--{side}-{k}" if i % 2 == 0 else k for side in ("encoder", "decoder")
-        for i, k in enumerate(["embed-dim", "32", "ffn-embed-dim", "64", "layers", "2", "attention-heads", "4"])]
+SIZES = {name: [f"--{side}-{k}" if i % 2 == 0 else k for side in ("encoder", "decoder") for i, k in enumerate(
+    ["embed-dim", dim, "ffn-embed-dim", ffn, "layers", "2", "attention-heads", "4"])] for name, dim, ffn in
+    (("tiny", "32", "64"), ("screen", "256", "512"))}  # screen: results/documents.py's trained models
 MT, LM = ["--arch", "rfa_transformer_wmt_en_de"], ["--arch", "rfa_transformer_lm"]
 RFA_MT = MT + ["--cross-attention", "rfa"]  # the paper's: RFA cross attention (*_softcross: fairseq's, the default)
 MODELS = {
@@ -39,6 +40,8 @@ MODELS = {
                     "gate_sentidx": MT + ["--rfa-gate", "--sentence-index"],
                     "gate_softmax1": MT + ["--rfa-gate", "--rfa-softmax-layers", "1"],  # a hybrid: layer 1 softmax
                     "gate_sentidx_softmax1": MT + ["--rfa-gate", "--sentence-index", "--rfa-softmax-layers", "1"],
+                    "softmax_sentidx": MT + ["--decoder-attention", "softmax", "--sentence-index"],
+                    "gate_sentidx_window1": MT + ["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1"],
                     "rfa_gate_graphs": RFA_MT + ["--rfa-gate", "--cuda-graphs"],
                     "rfa_gate_softcross_graphs": MT + ["--rfa-gate", "--cuda-graphs"]},
     "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": LM + BASE, "rfa_gate": LM + ["--rfa-gate"] + BASE,
@@ -98,10 +101,11 @@ class Contender:  # one synthetic model (random weights, seed 0), its fixed inpu
     def __init__(self, args, name, data_dir):
         self.name, self.args, self.state, self.last = name, args, None, None
         flags, n, mt = list(MODELS[args.task][name]), max(args.lengths) + PROMPT + 16, args.task == "translation"
-        if args.tiny:
-            flags = [f for f in flags if f not in BASE] + TINY[8 * (not mt):]
+        if args.size:
+            flags = [f for f in flags if f not in BASE] + SIZES[args.size][8 * (not mt):]
+        source = max(args.lengths) if args.documents else args.src_len
         flags += ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--share-all-embeddings",
-                  "--max-target-positions", str(n), "--max-source-positions", str(args.src_len + 8)] if mt else [
+                  "--max-target-positions", str(n), "--max-source-positions", str(source + 8)] if mt else [
             "--task", "language_modeling", "--share-decoder-input-output-embed", "--tokens-per-sample", str(n)]
         self.model, self.task, _ = harness.build_model([data_dir, "--dropout", "0"] + flags)
         self.model = self.model.eval().to(args.device)
@@ -123,15 +127,27 @@ class Contender:  # one synthetic model (random weights, seed 0), its fixed inpu
             src[:, -1] = d.eos()
         self.src = src.to(args.device)
 
-    def generator(self, length):  # generation of exactly ``length`` tokens (LM: after the prompt, forced as a prefix)
+    def generator(self, length):
+        """Generation of exactly ``length`` tokens (LM: after the prompt, forced as a prefix; --documents: of a source
+        of ``length`` tokens, the output forced, both with a <sep> every --documents tokens)."""
         from fairseq.sequence_generator import SequenceGenerator
-        lm, n = self.args.task == "lm", self.src.size(1)
+        lm, src, prefix = self.args.task == "lm", self.src, None
+        if self.args.documents:
+            src, prefix = (self.document(length, seed) for seed in (1, 2))
+            src[:, -1] = self.task.source_dictionary.eos()
+        n = src.size(1)
         total = length + n * lm
         gen = SequenceGenerator([self.model], self.task.target_dictionary, beam_size=self.args.beam,
                                 max_len_a=0, max_len_b=total, min_len=total)
-        net_input = {"src_tokens": self.src[:, :n * (not lm)], "src_lengths": torch.full((self.args.batch,), n * (not lm))}
+        net_input = {"src_tokens": src[:, :n * (not lm)], "src_lengths": torch.full((self.args.batch,), n * (not lm))}
         sample = {"id": torch.arange(self.args.batch), "net_input": net_input}
-        return lambda: gen.generate([self.model], sample, prefix_tokens=self.src if lm else None)
+        return lambda: gen.generate([self.model], sample, prefix_tokens=src if lm else prefix)
+
+    def document(self, length, seed):  # random words, a <sep> every --documents tokens
+        d = self.task.source_dictionary
+        tokens = torch.randint(d.nspecial + 1, len(d), (self.args.batch, length), generator=torch.Generator().manual_seed(seed))
+        tokens[:, self.args.documents - 1::self.args.documents] = d.index("<sep>")
+        return tokens.to(self.args.device)
 
 
 def attempt(run):  # None, or why ``run()`` failed
@@ -142,7 +158,7 @@ def attempt(run):  # None, or why ``run()`` failed
 
 
 def synthetic(args):  # lengths in turn; at each, the models take turns run by run, so a slow spell hits them all
-    data_dir = harness.fake_dictionary(60 if args.tiny else 32000)
+    data_dir = harness.fake_dictionary(60 if args.size == "tiny" else 32000)
     contenders, rows = [Contender(args, name, data_dir) for name in args.models], []
     with torch.inference_mode():
         for c in contenders:
@@ -368,7 +384,10 @@ def parse_args(argv=None):
     s.add_argument("--src-len", type=harness.positive, default=24, help="source tokens (translation)")
     s.add_argument("--single-run-seconds", type=float, default=120.0, help="one run where the repeats would take longer")
     s.add_argument("--max-seconds", type=float, default=900.0, help="skip a length whose run is predicted longer")
-    s.add_argument("--tiny", action="store_true", help="2 layers of 32 dimensions, 60 words (for tests)")
+    s.add_argument("--size", choices=sorted(SIZES), help="2+2 layers: tiny, 32 dimensions and 60 words (tests); screen, "
+                   "256 dimensions (results/documents.py's models). Default: the architecture's")
+    s.add_argument("--documents", type=harness.positive, metavar="N", help="translation: a source as long as the output "
+                   "(each length), the output forced, both with a <sep> every N tokens")
     c = modes.add_parser("checkpoint", help="trained checkpoints on a binarised split; fairseq-generate flags after --")
     c.add_argument("data", help="fairseq data-bin folder")
     c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=[int8:]CHECKPOINT|NAME=ct2:PATH:TYPE",

@@ -8,7 +8,7 @@ from bench import decode, report
 from rfa_fairseq.modules.int8_linear import int_mm_takes_uint8
 from rfa_test_utils import USER_DIR, multi30k_bin, multi30k_lm_bin, run_cli
 
-TINY = ["--tiny", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
+TINY = ["--size", "tiny", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -242,3 +242,14 @@ def test_a_model_that_fails_leaves_the_other_rows(monkeypatch):
     assert by[("rfa", 12)]["error"] == by[("rfa", 40)]["error"] == "RuntimeError: no capture"
     assert "tokens_per_s" not in by[("rfa", 40)] and decode.harness.exit_status(rows) == 1
     assert decode.harness.exit_status([r for r in rows if r["model"] == "softmax"]) == 0
+
+
+def test_documents_mode_reads_documents_whose_source_grows_with_the_output():
+    """--documents: a source as long as each output; the window's state grows by the source's cache alone, softmax's
+    by its own cache of the output too."""
+    rows = decode.main(["synthetic", "--lengths", "10", "40", "--documents", "5", "--models", "softmax_sentidx",
+                        "gate_sentidx_window1"] + TINY)
+    state = {(r["model"], r["length"]): r["state_bytes"] for r in rows}
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert 0 < state[("gate_sentidx_window1", 40)] - state[("gate_sentidx_window1", 10)] < (
+        state[("softmax_sentidx", 40)] - state[("softmax_sentidx", 10)])
