@@ -11,7 +11,7 @@ import torch
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
-from ..ops.sentence_window import window_mask, window_table
+from ..ops.sentence_window import window_mask, window_spans
 from .beam import reorder_rows_
 
 ROOM = 128  # tokens of room added to a full cache
@@ -51,8 +51,8 @@ class SoftmaxCrossAttention(MultiheadAttention):
                   need_head_weights: bool):
         """``query [Tt, B, C]`` reads the source ``key [Ts, B, C]`` (keys and values alike) in its window: a full
         pass masks the whole product; a decoding step (``Tt`` = 1) gathers the window's W keys and values, cached in
-        the first step per source (``window_keys``, ``window_values`` ``[S, Ts, H, K]``; ``window_positions``,
-        ``window_valid`` ``[S, J, W]``), each beam's row reading its sentence's copy."""
+        the first step per source (``window_keys``, ``window_values`` ``[S, H, Ts, K]``; ``window_spans`` ``[S, J,
+        2]``; ``window_offsets``, ``0 .. W - 1`` ``[S, W]``), each beam's row reading its sentence's copy."""
         T, B, H, K = query.size(0), query.size(1), self.num_heads, self.head_dim
         q = (self.q_proj(query) * self.scaling).view(T, B, H, K)
         if incremental_state is None:
@@ -71,21 +71,24 @@ class SoftmaxCrossAttention(MultiheadAttention):
             beam = self.beam_size if self.beam_size > 1 and key.size(1) == B else 1
             key = key.view(key.size(0), -1, beam, key.size(2))[:, :, 0]
             for name, proj in (("window_keys", self.k_proj), ("window_values", self.v_proj)):
-                cache[name] = proj(key).view(key.size(0), -1, H, K).transpose(0, 1).contiguous()
-            cache["window_positions"], cache["window_valid"] = window_table(window.source[::beam], window.width)
+                cache[name] = proj(key).view(key.size(0), -1, H, K).permute(1, 2, 0, 3).contiguous()
+            cache["window_spans"], width = window_spans(window.source[::beam], window.width)
+            cache["window_offsets"] = torch.arange(width, device=key.device).repeat(key.size(1), 1)
             self._set_input_buffer(incremental_state, cache)
-        positions, valid = cache["window_positions"], cache["window_valid"]
-        source = torch.arange(B, device=query.device) // (B // positions.size(0))  # each row's source
-        current = window.target[:, -1].clamp(max=positions.size(1) - 1)
-        positions, valid = positions[source, current], valid[source, current]  # [B, W]
-        keys, values = (cache[name][source[:, None], positions] for name in ("window_keys", "window_values"))
-        scores = torch.einsum("bhk,bwhk->bhw", q[0], keys).masked_fill(~valid[:, None], float("-inf"))
+        spans, offsets, Ts = cache["window_spans"], cache["window_offsets"][0], cache["window_keys"].size(2)
+        source = torch.arange(B, device=query.device) // (B // spans.size(0))  # each row's source
+        first, end = spans[source, window.target[:, -1].clamp(max=spans.size(1) - 1)].unbind(-1)
+        at = first.clamp(max=Ts - offsets.numel())[:, None] + offsets  # [B, W]: the window, then what follows
+        valid = (at >= first[:, None]) & (at < end[:, None])
+        rows = ((source[:, None] * H + torch.arange(H, device=query.device)) * Ts)[:, :, None] + at[:, None]
+        keys, values = (cache[name].view(-1, K).index_select(0, rows.flatten()).view(B * H, -1, K)
+                        for name in ("window_keys", "window_values"))
+        scores = torch.bmm(keys, q.view(B * H, K, 1)).view(B, H, -1).masked_fill(~valid[:, None], float("-inf"))
         probs = torch.softmax(scores.float(), -1).type_as(scores)
-        out = self.out_proj(torch.einsum("bhw,bwhk->bhk", probs, values).reshape(1, B, H * K))
+        out = self.out_proj(torch.bmm(probs.view(B * H, 1, -1), values).view(1, B, H * K))
         if not (need_weights or need_head_weights):
             return out, None
-        weights = probs.new_zeros(B, H, cache["window_keys"].size(1)).scatter_add_(
-            2, positions[:, None].expand(-1, H, -1), probs * valid[:, None])  # [B, H, Ts]
+        weights = probs.new_zeros(B, H, Ts).scatter_add_(2, at[:, None].expand(-1, H, -1), probs * valid[:, None])
         return out, weights.transpose(0, 1)[:, :, None] if need_head_weights else weights.mean(1)[:, None]
 
 

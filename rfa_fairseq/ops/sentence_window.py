@@ -6,8 +6,8 @@ the separators before a source token, and those written up to a target input (mo
 pads are numbered -1. Two forms of the same windows:
 
 - ``window_mask``: the whole ``[B, Tt, Ts]`` mask of a full pass (training, scoring): the reference;
-- ``window_table``: per source and sentence number, the window's positions, so that a decoding step gathers a fixed
-  count of keys and values (W, the batch's widest window), whatever the source's length.
+- ``window_spans``: per source and sentence number, the window's span of positions, so that a decoding step gathers
+  a fixed count of keys and values (W, the batch's widest window), whatever the source's length.
 """
 from typing import Tuple
 
@@ -22,14 +22,15 @@ def window_mask(source: Tensor, target: Tensor, width: int) -> Tensor:
     return (source[:, None, :] - current[:, :, None]).abs().le(width) & source.ge(0)[:, None, :]
 
 
-def window_table(source: Tensor, width: int) -> Tuple[Tensor, Tensor]:
+def window_spans(source: Tensor, width: int) -> Tuple[Tensor, int]:
     """``source [S, Ts]``'s windows for sentence numbers ``0 .. J - 1`` (J: the batch's most sentences; a number past
-    a source's last reads its last sentence's window, as ``window_mask``): ``positions [S, J, W]`` (each window's
-    source positions in order, then zeros) and ``valid [S, J, W]`` (False at those zeros). Reads the sizes J and W
-    back to the host: once per source batch."""
+    a source's last reads its last sentence's window, as ``window_mask``), each one span, as a source's tokens lie
+    between its pads: ``spans [S, J, 2]`` (a window's first position and the one past its last) and the widest
+    window's length. Reads J and that length back to the host: once per source batch."""
     numbers = torch.arange(int(source.amax()) + 1, device=source.device).expand(source.size(0), -1)
     allowed = window_mask(source, numbers, width)
-    count = allowed.sum(-1, keepdim=True)
-    positions = allowed.to(torch.uint8).argsort(dim=-1, descending=True, stable=True)[..., :int(count.amax())]
-    valid = torch.arange(positions.size(-1), device=source.device) < count
-    return positions.masked_fill(~valid, 0), valid
+    count, first = allowed.sum(-1), allowed.to(torch.uint8).argmax(-1)  # argmax: the first of the maxima
+    span = torch.arange(source.size(1), device=source.device)
+    if not torch.equal(allowed, (span >= first[..., None]) & (span < (first + count)[..., None])):
+        raise ValueError("--cross-sentence-window: a source has pads between its tokens (fairseq pads at one end)")
+    return torch.stack([first, first + count], -1), int(count.amax())

@@ -1,9 +1,9 @@
 """ops/sentence_window.py: the windows of source sentences that cross attention reads (--cross-sentence-window), as a
-full mask and as the per-sentence table a decoding step gathers with, against the definition written out."""
+full mask and as the per-sentence spans a decoding step gathers with, against the definition written out."""
 import pytest
 import torch
 
-from rfa_fairseq.ops.sentence_window import window_mask, window_table
+from rfa_fairseq.ops.sentence_window import window_mask, window_spans
 
 
 def numbered(sizes, pads, left=True):
@@ -29,15 +29,19 @@ def test_the_mask_and_the_table_are_the_definition(left, width):
     source = batch(left)
     target = torch.tensor([[0, 0, 1, 2, 3, 4, 6]] * 3)  # 4 and 6 are past the second source's last sentence
     mask = window_mask(source, target, width)
-    positions, valid = window_table(source, width)
-    assert positions.shape[:2] == (3, 5) and positions.shape[2] == valid.sum(-1).max()
+    spans, widest = window_spans(source, width)
+    assert spans.shape == (3, 5, 2) and widest == (spans[..., 1] - spans[..., 0]).max()
     for b, row in enumerate(source.tolist()):
         for t, j in enumerate(target[b].tolist()):
             assert mask[b, t].nonzero().flatten().tolist() == definition(row, j, width)
         for j in range(8):  # a step clamps its number to the table's last row
-            k = min(j, positions.size(1) - 1)
-            assert positions[b, k][valid[b, k]].tolist() == definition(row, j, width)
-            assert positions[b, k][~valid[b, k]].eq(0).all()
+            first, end = spans[b, min(j, spans.size(1) - 1)].tolist()
+            assert list(range(first, end)) == definition(row, j, width)
+
+
+def test_pads_between_a_sources_tokens_are_refused():
+    with pytest.raises(ValueError, match="pads between its tokens"):
+        window_spans(torch.tensor([[0, 0, -1, 1, 1]]), 1)
 
 
 def test_a_window_as_wide_as_the_document_is_the_padding_mask():
