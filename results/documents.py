@@ -148,6 +148,29 @@ def alignment(ckpt: Path, data: Path, split: str) -> dict:
     return {f"{split}_{k}": round(total / n, 3) for k, (total, n) in sums.items()}
 
 
+ENDS = [(1, 8), (8, 16), (16, 32), (32, None)]  # sentence numbers: where a quarter of the training documents end each
+
+
+def endings(ckpt: Path, data: Path, split: str) -> dict:
+    """Where a document would end early, teacher-forced on ``split``'s references: the mean probability of the end of
+    the document (``</s>``) in place of each ``<sep>``, by the number of sentences written before it (ENDS), and at the
+    reference's true end (``eos_at_end``)."""
+    import torch
+    model, task, ds, sep, _ = _model(ckpt, data, split)
+    found = {}
+    with torch.no_grad():
+        for i in range(len(ds)):
+            batch = ds.collater([ds[i]])
+            lprobs = model.get_normalized_probs(model(**batch["net_input"]), log_probs=False)[0]
+            target = batch["target"][0]
+            p_eos = lprobs[:, task.tgt_dict.eos()]
+            for n, at in enumerate((target == sep).nonzero().flatten().tolist(), start=1):
+                band = next(f"{lo}" for lo, hi in ENDS if n >= lo and (hi is None or n < hi))
+                found.setdefault(f"eos_at_sep_{band}", []).append(p_eos[at].item())
+            found.setdefault("eos_at_end", []).append(p_eos[-1].item())
+    return {f"{split}_{k}": round(sum(v) / len(v), 4) for k, v in found.items()}
+
+
 def sentence_places(attn, src, tgt, sep: int) -> list:
     """Each target sentence's source sentence: the one ``attn [Tt, Ts]`` weighs most over its tokens (``src [Ts]``,
     ``tgt [Tt]``; a separator ends a sentence)."""
@@ -198,7 +221,8 @@ def rescore(variant, s, seed, data, out, a, record) -> dict:
         print(f"[{NAME}]   {out} holds another run's outputs ({found['valid_bleu']} / {found['test_bleu']} BLEU, "
               f"recorded {record.get('valid_bleu')} / {record.get('test_bleu')}): left as recorded", flush=True)
         return {}
-    return {**found, **alignment(out / "checkpoint_last.pt", data, "test"), **placement(out / "checkpoint_last.pt", data, out, "test")}
+    ckpt = out / "checkpoint_last.pt"
+    return {**found, **alignment(ckpt, data, "test"), **placement(ckpt, data, out, "test"), **endings(ckpt, data, "valid")}
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
@@ -217,7 +241,8 @@ def run_one(variant, s, seed, data, out, a) -> dict:
         r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref.en", out, a,  # scores replaced below
                  post=("--post-process", "sentencepiece", *POSITIONS, *GENERATE))
         record.update(scores(out, data, split), **{f"{split}_tokens_per_s": r.get("tokens_per_s")})
-    record.update(alignment(out / "checkpoint_last.pt", data, "test"), **placement(out / "checkpoint_last.pt", data, out, "test"))
+    ckpt = out / "checkpoint_last.pt"
+    record.update(alignment(ckpt, data, "test"), **placement(ckpt, data, out, "test"), **endings(ckpt, data, "valid"))
     (out / "record.json").write_text(json.dumps(record))
     return record
 

@@ -152,6 +152,8 @@ def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_pa
     assert 0 <= record["test_align_last"] <= 1 and 0 <= record["test_align_last_512"] <= 1  # one layer: the last
     assert 0 < record["test_align_flat_512"] < record["test_align_flat"] < 1, "longer documents, more sentences"
     assert all(0 <= record[f"test_free_{k}_512"] <= 1 for k in ("advance", "stay", "repeat_stay", "before_repeat_on_number"))
+    ends = [record[f"valid_eos_at_sep_{lo}"] for lo, _ in documents.ENDS] + [record["valid_eos_at_end"]]
+    assert all(0 <= p <= 1 for p in ends), "the end's probability where each sentence ends, by how many came before"
     generated = (work / "tiny" / "gate_softcross-seed1" / "generate.test.out").read_text()
     assert generated.count("\nH-") + generated.startswith("H-") == len(lengths)
     # the references are the shipped sentences, in order, a document a line
@@ -216,10 +218,12 @@ def test_rescoring_leaves_a_run_whose_folder_now_holds_another_runs_outputs(monk
     monkeypatch.setattr(documents, "scores", lambda out, data, split: {f"{split}_bleu": 20.0})
     monkeypatch.setattr(documents, "alignment", lambda ckpt, data, split: {f"{split}_align_last": 0.3})
     monkeypatch.setattr(documents, "placement", lambda ckpt, data, out, split: {f"{split}_free_stay_512": 0.1})
+    monkeypatch.setattr(documents, "endings", lambda ckpt, data, split: {f"{split}_eos_at_end": 0.9})
     rescore = lambda record: documents.rescore("softmax", {}, 1, tmp_path, tmp_path, None, record)  # noqa: E731
     assert rescore({"valid_bleu": 20.0, "test_bleu": 21.0}) == {}
     assert rescore({"valid_bleu": 20.0, "test_bleu": 20.0}) == {"valid_bleu": 20.0, "test_bleu": 20.0,
-                                                                 "test_align_last": 0.3, "test_free_stay_512": 0.1}
+                                                                 "test_align_last": 0.3, "test_free_stay_512": 0.1,
+                                                                 "valid_eos_at_end": 0.9}
 
 
 @pytest.mark.slow  # trains and scores through the command lines (about 45 s)
