@@ -29,6 +29,7 @@ BASE = ["--decoder-embed-dim", "512", "--decoder-ffn-embed-dim", "2048", "--deco
 SIZES = {name: [f"--{side}-{k}" if i % 2 == 0 else k for side in ("encoder", "decoder") for i, k in enumerate(
     ["embed-dim", dim, "ffn-embed-dim", ffn, "layers", "2", "attention-heads", "4"])] for name, dim, ffn in
     (("tiny", "32", "64"), ("screen", "256", "512"))}  # screen: results/documents.py's trained models
+WORDS = {None: 32000, "tiny": 60, "screen": 6008}  # the dictionary's size (screen: the trained models')
 MT, LM = ["--arch", "rfa_transformer_wmt_en_de"], ["--arch", "rfa_transformer_lm"]
 RFA_MT = MT + ["--cross-attention", "rfa"]  # the paper's: RFA cross attention (*_softcross: fairseq's, the default)
 MODELS = {
@@ -158,7 +159,7 @@ def attempt(run):  # None, or why ``run()`` failed
 
 
 def synthetic(args):  # lengths in turn; at each, the models take turns run by run, so a slow spell hits them all
-    data_dir = harness.fake_dictionary(60 if args.size == "tiny" else 32000)
+    data_dir = harness.fake_dictionary(WORDS[args.size])
     contenders, rows = [Contender(args, name, data_dir) for name in args.models], []
     with torch.inference_mode():
         for c in contenders:
@@ -385,7 +386,7 @@ def parse_args(argv=None):
     s.add_argument("--single-run-seconds", type=float, default=120.0, help="one run where the repeats would take longer")
     s.add_argument("--max-seconds", type=float, default=900.0, help="skip a length whose run is predicted longer")
     s.add_argument("--size", choices=sorted(SIZES), help="2+2 layers: tiny, 32 dimensions and 60 words (tests); screen, "
-                   "256 dimensions (results/documents.py's models). Default: the architecture's")
+                   "256 dimensions and 6,008 words (results/documents.py's models). Default: the architecture's, 32,000 words")
     s.add_argument("--documents", type=harness.positive, metavar="N", help="translation: a source as long as the output "
                    "(each length), the output forced, both with a <sep> every N tokens")
     c = modes.add_parser("checkpoint", help="trained checkpoints on a binarised split; fairseq-generate flags after --")

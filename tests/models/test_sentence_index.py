@@ -140,3 +140,28 @@ def test_graphed_beam_search_equals_eager_and_the_full_pass(documents_model, mon
         for a, b in zip(nbest_a, nbest_b, strict=True):
             assert torch.equal(a["tokens"], b["tokens"])
             torch.testing.assert_close(a["positional_scores"], b["positional_scores"], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("left", [True, False], ids=["left-pad-src", "right-pad-src"])
+def test_a_documents_output_does_not_depend_on_its_batch(documents_model, left):
+    """With the window, each document of a padded batch scores as alone: the full pass and the decoding steps."""
+    task, model, sep = documents_model("--sentence-index", *SOFTMAX_CROSS, *WINDOW)
+    pad, docs = task.source_dictionary.pad(), [_with_separators(task.source_dictionary, sep, 1, n, 8 + n)[0] for n in (21, 9, 14)]
+    src = torch.full((3, 21), pad)
+    for i, d in enumerate(docs):
+        if left:
+            src[i, 21 - d.numel():] = d
+        else:
+            src[i, :d.numel()] = d
+    prev = _with_separators(task.target_dictionary, sep, 3, 12, 9)
+    prev[:, 0] = task.target_dictionary.eos()
+    lengths = src.ne(pad).sum(1)
+    with torch.no_grad():
+        batched = model(src, lengths, prev)[0]
+        enc, state, steps = model.encoder(src, src_lengths=lengths), {}, []
+        for t in range(prev.size(1)):
+            steps.append(model.decoder(prev[:, :t + 1], encoder_out=enc, incremental_state=state)[0][:, -1])
+        for i, d in enumerate(docs):
+            alone = model(d[None], torch.tensor([d.numel()]), prev[i:i + 1])[0]
+            torch.testing.assert_close(batched[i:i + 1], alone, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.stack(steps, 1), batched, rtol=1e-5, atol=1e-5)
