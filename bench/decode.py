@@ -20,6 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from rfa_fairseq.inference import to_decoding_form_
+from rfa_fairseq.modules import CrossRFAttention
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -128,6 +129,14 @@ class Contender:  # one synthetic model (random weights, seed 0), its fixed inpu
             src[:, -1] = d.eos()
         self.src = src.to(args.device)
 
+    def state_bytes(self) -> dict:
+        """The last run's decoding state: all of it, and the part that cross attention keeps of the source."""
+        cross = {m._incremental_state_id for m in self.model.modules()
+                 if getattr(m, "encoder_decoder_attention", False) or isinstance(m, CrossRFAttention)}
+        sizes = [(name.split(".")[0] in cross, t.numel() * t.element_size())
+                 for name, fields in self.state.items() for t in fields.values() if torch.is_tensor(t)]
+        return dict(state_bytes=sum(n for _, n in sizes), source_state_bytes=sum(n for source, n in sizes if source))
+
     def generator(self, length):
         """Generation of exactly ``length`` tokens (LM: after the prompt, forced as a prefix; --documents: of a source
         of ``length`` tokens, the output forced, both with a <sep> every --documents tokens)."""
@@ -187,8 +196,7 @@ def synthetic(args):  # lengths in turn; at each, the models take turns run by r
                         gc.collect()
                         with harness.PeakMemory(args.device) as mem:
                             c.failed = attempt(run)
-                        row.update(peak_bytes=mem.peak_bytes, state_bytes=None if c.failed else sum(
-                            t.numel() * t.element_size() for b in c.state.values() for t in b.values() if torch.is_tensor(t)))
+                        row.update(peak_bytes=mem.peak_bytes, **({} if c.failed else c.state_bytes()))
                     else:
                         c.failed = attempt(run)
             for c, row, fn, _ in plan:
@@ -200,7 +208,8 @@ def synthetic(args):  # lengths in turn; at each, the models take turns run by r
                 if args.profile:
                     row["profile"] = profiled(fn, c.steps)
                 print(f"{c.name:18s} {length:6d}: {row['tokens_per_s']:9.1f} tokens/s ({len(row['times'])} runs), "
-                      f"peak {harness.mib(row['peak_bytes'])} MiB, state {harness.mib(row['state_bytes'])} MiB", flush=True)
+                      f"peak {harness.mib(row['peak_bytes'])} MiB, state {harness.mib(row['state_bytes'])} MiB (the source's "
+                      f"{harness.mib(row['source_state_bytes'])})", flush=True)
     return harness.add_ratios(rows, args.models[0])
 
 
