@@ -189,7 +189,9 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                 positions = positions + sentence_embedding(sentence, positions.size(-1)).to(positions.dtype)[:, None]
         x = self._embed(tokens, positions)
         enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
-        window = None if self.cross_sentence_window < 0 or enc is None else self.sentence_window(None, sentence[:, None])
+        window = None  # --cross-sentence-window: the windows were cached in the first step
+        if self.cross_sentence_window >= 0 and enc is not None:
+            window = self.sentence_window(None, sentence[:, None])
         pad = tokens.eq(self.padding_idx)
         for layer in self.layers:
             x, _, _ = layer(x, enc, window, incremental_state, self_attn_padding_mask=pad)

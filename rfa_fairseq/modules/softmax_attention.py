@@ -1,8 +1,8 @@
 """fairseq's softmax attention, its weights and numbers, with leaner decoding caches: SoftmaxCrossAttention keeps
 one copy of the source per sentence, not per beam, and with a :class:`SentenceWindow` reads only the source sentences
-near the one being written (``--cross-sentence-window``); SoftmaxSelfAttention (``--rfa-softmax-layers``) writes a step into
-room kept ahead (``ROOM`` tokens more when full) and gathers the filled part in a beam reorder (``beam.reorder_rows_``):
-one copy of the cache a step, where fairseq's ``torch.cat`` and reorder make two.
+near the one being written (``--cross-sentence-window``); SoftmaxSelfAttention (``--rfa-softmax-layers``) writes a
+step into room kept ahead (``ROOM`` tokens more when full) and gathers the filled part in a beam reorder
+(``beam.reorder_rows_``): one copy of the cache a step, where fairseq's ``torch.cat`` and reorder make two.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -58,7 +58,8 @@ class SoftmaxCrossAttention(MultiheadAttention):
         if incremental_state is None:
             keys, values = (proj(key).view(key.size(0), B, H, K) for proj in (self.k_proj, self.v_proj))
             scores = torch.einsum("tbhk,sbhk->bhts", q, keys)
-            scores = scores.masked_fill(~window_mask(window.source, window.target, window.width)[:, None], float("-inf"))
+            allowed = window_mask(window.source, window.target, window.width)
+            scores = scores.masked_fill(~allowed[:, None], float("-inf"))
             probs = torch.softmax(scores.float(), -1).type_as(scores)
             out = torch.einsum("bhts,sbhk->tbhk", self.dropout_module(probs), values)
             weights = probs.transpose(0, 1) if need_weights or need_head_weights else None  # [H, B, Tt, Ts]
