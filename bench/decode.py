@@ -40,8 +40,6 @@ MODELS = {
                     **{f"rfa_enc_{kind}": RFA_MT + ["--encoder-attention", kind] for kind in ("rfa", "favor", "lara")},
                     **{f"gate_window{w}": MT + ["--rfa-gate", "--rfa-local-window", str(w)] for w in (16, 32, 64, 128)},
                     "gate_sentidx": MT + ["--rfa-gate", "--sentence-index"],
-                    "gate_softmax1": MT + ["--rfa-gate", "--rfa-softmax-layers", "1"],  # a hybrid: layer 1 softmax
-                    "gate_sentidx_softmax1": MT + ["--rfa-gate", "--sentence-index", "--rfa-softmax-layers", "1"],
                     "softmax_sentidx": MT + ["--decoder-attention", "softmax", "--sentence-index"],
                     "gate_sentidx_window1": MT + ["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1"],
                     "rfa_gate_graphs": RFA_MT + ["--rfa-gate", "--cuda-graphs"],

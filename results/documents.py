@@ -37,7 +37,6 @@ VARIANTS = {  # name: (results/quality.py's variant, extra flags)
     "gate_window0": ("gate_softcross", []),  # gate_softcross trained again with the windows' code: their paired seed 1
     "gate_sentidx": ("gate_softcross", ["--sentence-index"]),  # each token's sentence number, from the separators
     "gate_sentidx0": ("gate_softcross", []),  # gate_softcross trained again with the sentence index's code: its paired seed 1
-    "gate_sentidx_soft1": ("gate_softcross", ["--sentence-index", "--rfa-softmax-layers", "1"]),  # decoder layer 1: softmax
     "softmax0": ("softmax", []),  # softmax trained again at this code: seed 1's repeats and placement, a checkpoint to convert
     "softmax_sentidx": ("softdec", ["--sentence-index"]),  # fairseq's softmax decoder with the index: like for like
     # cross attention on the source sentences within K of the one being written: a step reads 2K + 1 sentences

@@ -9,7 +9,7 @@ from .ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_
 from .ops.causal_rfa.fla import BACKENDS
 from .validation import finite, flag, non_negative_int, one_of, positive_finite, positive_int
 
-__all__ = ["RFAConfig", "RFA_FIELDS", "fill_rfa_defaults", "flag", "rfa_config_from", "refuse_changed", "softmax_layers"]
+__all__ = ["RFAConfig", "RFA_FIELDS", "fill_rfa_defaults", "flag", "rfa_config_from", "refuse_changed"]
 
 
 @dataclass
@@ -49,9 +49,6 @@ class RFAConfig(FairseqDataclass):
     rfa_local_window: int = field(default=0, metadata={
         "help": "causal RFA weighs each query's last W keys by the exact kernel its random features estimate, "
                 "older keys by the features; decoding keeps those W keys beside the state (0: off; docs/quality.md)"})
-    rfa_softmax_layers: str = field(default="", metadata={
-        "help": "comma-separated decoder layers (from 0) whose self-attention is fairseq's exact softmax, its cache "
-                "growing with the output, instead of causal RFA: a hybrid decoder (docs/quality.md)"})
     rfa_backend: ChoiceEnum(list(BACKENDS)) = field(default="auto", metadata={
         "help": "kernels of causal RFA in training and scoring: torch (the chunked form, any device), fla "
                 "(flash-linear-attention's Triton kernels: pip install .[gpu]) or auto (fla on a CUDA device "
@@ -91,6 +88,9 @@ def fill_rfa_defaults(args):
 def rfa_config_from(args) -> RFAConfig:
     """The ``rfa_*`` options of a namespace, dataclass or DictConfig, validated (ValueError names a bad flag)."""
     values = read_fields(RFAConfig, args)
+    if getattr(args, "rfa_softmax_layers", ""):  # a checkpoint of a retired option
+        raise ValueError("--rfa-softmax-layers (softmax self-attention layers in the RFA decoder) is no longer "
+                         "supported: documents take --sentence-index --cross-sentence-window 1 (docs/quality.md)")
     for name in ("rfa_causal_feature_dim", "rfa_cross_feature_dim", "rfa_chunk_size"):
         positive_int(flag(name), values[name])
     for name in ("rfa_init_sigma", "rfa_eps"):
@@ -109,16 +109,7 @@ def rfa_config_from(args) -> RFAConfig:
     if non_negative_int(flag("rfa_local_window"), values["rfa_local_window"]) and values["rfa_kernel"] == "elu":
         raise ValueError("--rfa-local-window needs a random-feature kernel: elu's features are exact already")
     values["rfa_backend"] = one_of(flag("rfa_backend"), values["rfa_backend"], BACKENDS)
-    layers = str(values["rfa_softmax_layers"]).replace(" ", "")
-    if layers and not all(part.isdigit() for part in layers.split(",")):
-        raise ValueError(f"--rfa-softmax-layers takes decoder layer numbers from 0, comma-separated (got {layers!r})")
-    values["rfa_softmax_layers"] = layers
     return RFAConfig(**values)
-
-
-def softmax_layers(rfa: RFAConfig) -> set:
-    """The decoder layers of ``--rfa-softmax-layers``."""
-    return {int(part) for part in rfa.rfa_softmax_layers.split(",") if part}
 
 
 def refuse_changed(args, names, shaped: str, why: str):

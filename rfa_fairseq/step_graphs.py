@@ -14,7 +14,6 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from .config import softmax_layers
 
 Replay = Callable[[], Tensor]
 
@@ -50,9 +49,6 @@ class StepGraphs:
         if not hasattr(decoder, "forward_step"):
             raise ValueError("--cuda-graphs replays RFA's fixed-size decoding step: it needs an RFA decoder "
                              "(not --decoder-attention softmax, whose cache grows every step)")
-        if softmax_layers(decoder.rfa):
-            raise ValueError("--cuda-graphs replays RFA's fixed-size decoding step: the caches of "
-                             "--rfa-softmax-layers grow every step")
         if not isinstance(decoder.embed_tokens, nn.Embedding):
             raise ValueError(f"--cuda-graphs: the token embedding {type(decoder.embed_tokens).__name__} "
                              "(--adaptive-input, --character-embeddings) reads its masks back to the host and cannot "

@@ -7,9 +7,8 @@ from torch import Tensor, nn
 from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
-from ..config import RFAConfig, softmax_layers
-from ..modules import (CausalRFAttention, CrossRFAttention, RandomFeatureMap, SoftmaxCrossAttention,
-                       SoftmaxSelfAttention)
+from ..config import RFAConfig
+from ..modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap, SoftmaxCrossAttention
 from ..modules.random_feature_map import feature_map_id
 from ..modules.rfa_attention_base import IncrementalState
 from ..modules.softmax_attention import SentenceWindow
@@ -52,11 +51,6 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise ValueError("RFA decoders' self-attention supports neither add_bias_kv, add_zero_attn nor "
                              "--cross-self-attention")
-        if self.layer_idx in softmax_layers(self.rfa):  # fairseq's, the arguments of its builder
-            return SoftmaxSelfAttention(embed_dim, cfg.decoder.attention_heads, self_attention=True,
-                                        dropout=cfg.attention_dropout, q_noise=self.quant_noise,
-                                        qn_block_size=self.quant_noise_block_size,
-                                        xformers_att_config=cfg.decoder.xformers_att_config)
         rfa = self.rfa
         return CausalRFAttention(
             embed_dim, cfg.decoder.attention_heads,
@@ -129,9 +123,6 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                  output_projection=None, cross_attention: str = "rfa", decoding_attention: bool = False):
         self.rfa, self.cross_attention = rfa, cross_attention
         self._layers_built = 0
-        if softmax_layers(rfa) and max(softmax_layers(rfa)) >= cfg.decoder.layers:
-            raise ValueError(f"--rfa-softmax-layers {rfa.rfa_softmax_layers}: the decoder has layers 0 to "
-                             f"{cfg.decoder.layers - 1}")
         self.step_graphs = None  # rfa_fairseq.step_graphs.StepGraphs, set by rfa_fairseq.inference (--cuda-graphs)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection, decoding_attention=decoding_attention)
@@ -160,9 +151,6 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                                             incremental_state, sentence)
                 return out, {"attn": [None], "inner_states": None}
             return super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)
-        if softmax_layers(self.rfa):
-            raise ValueError("--rfa-softmax-layers: a stateful LM's streams carry RFA's fixed-size state, and a "
-                             "softmax layer's cache would grow over the whole stream")
         if incremental_state is not None or encoder_out is not None or kwargs.get("return_all_hiddens"):
             raise ValueError("stream_state continues text streams in a language model: it takes neither an "
                              "incremental state, an encoder output nor return_all_hiddens")
@@ -230,9 +218,8 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         return x if self.project_out_dim is None else self.project_out_dim(x)
 
     def buffered_future_mask(self, tensor):
-        """None: RFA is causal by construction, and fairseq's T x T mask would only cost O(T^2) memory; softmax
-        layers (``--rfa-softmax-layers``) need it."""
-        return super().buffered_future_mask(tensor) if softmax_layers(self.rfa) else None
+        """None: RFA is causal by construction, and fairseq's T x T mask would only cost O(T^2) memory."""
+        return None
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                                     full_context_alignment: bool = False, alignment_layer=None,

@@ -5,7 +5,7 @@ from .cross_rfa_attention import CrossRFAttention
 from .encoder_attention import ENCODER_ATTENTIONS, EncoderRFAttention, build_encoder_self_attention
 from .lara_attention import LARAttention
 from .random_feature_map import RandomFeatureMap
-from .softmax_attention import SoftmaxCrossAttention, SoftmaxSelfAttention
+from .softmax_attention import SoftmaxCrossAttention
 
 __all__ = ["CausalRFAttention", "CrossRFAttention", "ENCODER_ATTENTIONS", "EncoderRFAttention", "LARAttention",
-           "RandomFeatureMap", "SoftmaxCrossAttention", "SoftmaxSelfAttention", "build_encoder_self_attention"]
+           "RandomFeatureMap", "SoftmaxCrossAttention", "build_encoder_self_attention"]

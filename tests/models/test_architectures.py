@@ -6,6 +6,7 @@ import torch
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
 import rfa_fairseq  # noqa: F401  (registers the architectures)
+from rfa_fairseq.config import rfa_config_from
 
 DIMS = ["encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_layers", "encoder_attention_heads",
         "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads",
@@ -60,8 +61,6 @@ def test_translation_model_structure(translation_model):
     (["--decoder-attention-heads", "5"], "--decoder-attention-heads"),
     (["--rfa-local-window", "-1"], "--rfa-local-window"),
     (["--rfa-kernel", "elu", "--rfa-local-window", "8"], "--rfa-local-window needs a random-feature kernel"),
-    (["--rfa-softmax-layers", "0;1"], "--rfa-softmax-layers takes decoder layer numbers"),
-    (["--rfa-softmax-layers", "2"], "--rfa-softmax-layers 2: the decoder has layers 0 to 1"),
 ])
 def test_invalid_flag_values_name_the_flag(lm_model, translation_model, bad, flag):
     for make in (lm_model, translation_model):
@@ -69,17 +68,9 @@ def test_invalid_flag_values_name_the_flag(lm_model, translation_model, bad, fla
             make(*bad)
 
 
-def test_a_hybrid_decoder_has_softmax_self_attention_where_asked(translation_model):
-    task, model = translation_model("--rfa-gate", "--rfa-softmax-layers", "1")
-    assert [type(layer.self_attn).__name__ for layer in model.decoder.layers] == ["CausalRFAttention",
-                                                                                 "SoftmaxSelfAttention"]
-    assert model.decoder.buffered_future_mask(torch.zeros(3, 2, 32)).isinf().sum() == 3  # causal: above the diagonal
-
-
-def test_a_hybrid_language_model_refuses_to_carry_streams(lm_model):
-    _, model = lm_model("--rfa-softmax-layers", "0")
-    with pytest.raises(ValueError, match="softmax layer's cache would grow over the whole stream"):
-        model.decoder(torch.full((2, 5), 7), stream_state={})
+def test_a_checkpoint_of_the_retired_hybrid_decoder_is_refused_by_name():
+    with pytest.raises(ValueError, match="--rfa-softmax-layers .* is no longer supported"):
+        rfa_config_from(argparse.Namespace(rfa_softmax_layers="1"))
 
 
 @pytest.mark.parametrize("flag, value", [("--rfa-kernel", "laplace"), ("--rfa-gate-form", "additive")])

@@ -16,7 +16,6 @@ VARIANTS = [
     pytest.param(["--rfa-gate", "--rfa-cross-norm-rescale"], id="gate-cross-norm-rescale"),
     pytest.param(["--rfa-gate", "--rfa-local-window", "5"], id="gate-window5"),
     pytest.param(["--rfa-kernel", "favor", "--rfa-local-window", "3"], id="favor-window3"),
-    pytest.param(["--rfa-gate", "--rfa-softmax-layers", "0"], id="gate-softmax-layer0"),
 ]
 
 
