@@ -79,8 +79,7 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None,
                  decoding_attention: bool = False):
         self.decoding_attention = decoding_attention
-        # --sentence-index: the <sep> token's index in each dictionary (set by the model's builder); with
-        # --cross-sentence-window K >= 0 the cross attention reads a window of source sentences (SentenceWindow)
+        # set by the model's builder: <sep>'s indexes (--sentence-index), --cross-sentence-window
         self.sentence_separator = self.source_separator = None
         self.cross_sentence_window = -1
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,

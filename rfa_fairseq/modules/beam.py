@@ -31,9 +31,8 @@ class BeamLayout:
         return new_order.reshape(-1, self.beam_size)[:, 0] // self.beam_size
 
 
-def reorder_rows_(buffer: dict, names, new_order: Tensor, part=lambda name, t: t):
-    """Beam search's reorder of each ``buffer[name]``, ``name`` in ``names``: the rows (of its ``part``, a view) that
-    ``new_order`` keeps. Without autograd they are gathered into a spare buffer kept beside it, ``spare_<name>`` (the
+def reorder_rows_(buffer: dict, names, new_order: Tensor):
+    """Beam search's reorder of each ``buffer[name]``, ``name`` in ``names``: the rows that ``new_order`` keeps. Without autograd they are gathered into a spare buffer kept beside it, ``spare_<name>`` (the
     two then swap roles; into its front when finished sentences shrink the batch): a step allocates no state-sized
     memory (which the system would zero page by page) and the state alternates between two places (step_graphs)."""
     rows = new_order.numel()
@@ -44,5 +43,5 @@ def reorder_rows_(buffer: dict, names, new_order: Tensor, part=lambda name, t: t
             continue
         if spare is None or spare.size(0) < rows or spare.shape[1:] != state.shape[1:]:
             spare = state.new_empty((rows,) + state.shape[1:])
-        torch.index_select(part(name, state), 0, new_order, out=part(name, spare[:rows]))
+        torch.index_select(state, 0, new_order, out=spare[:rows])
         buffer[name], buffer["spare_" + name] = spare[:rows], state

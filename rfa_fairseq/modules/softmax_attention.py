@@ -13,10 +13,8 @@ from ..ops.sentence_window import window_mask, window_spans
 
 @dataclass
 class SentenceWindow:
-    """``--cross-sentence-window``: what the decoder passes to its layers in place of the source's padding mask (a
-    layer hands it on to its cross attention): each source token's sentence number ``source [B, Ts]`` (-1: a pad;
-    None in decoding steps after the first, which read the windows cached then), each target input's ``target [B,
-    Tt]``, and the window's ``width`` K (ops/sentence_window.py)."""
+    """What the decoder passes its layers for cross attention in place of the source's padding mask: sentence numbers
+    of the source ``[B, Ts]`` (-1: pads; None after the first decoding step) and of the target inputs ``[B, Tt]``."""
     source: Optional[Tensor]
     target: Tensor
     width: int
@@ -43,10 +41,8 @@ class SoftmaxCrossAttention(MultiheadAttention):
 
     def _windowed(self, query: Tensor, key: Tensor, window: SentenceWindow, incremental_state, need_weights: bool,
                   need_head_weights: bool):
-        """``query [Tt, B, C]`` reads the source ``key [Ts, B, C]`` (keys and values alike) in its window: a full
-        pass masks the whole product; a decoding step (``Tt`` = 1) gathers the window's W keys and values, cached in
-        the first step per source (``window_keys``, ``window_values`` ``[S, H, Ts, K]``; ``window_spans`` ``[S, J,
-        2]``; ``window_offsets``, ``0 .. W - 1`` ``[S, W]``), each beam's row reading its sentence's copy."""
+        """``query [Tt, B, C]`` reads ``key [Ts, B, C]`` in its window: a full pass masks; a decoding step gathers
+        the window's W keys and values, one copy per source cached in the first step (``[S, H, Ts, K]``)."""
         T, B, H, K = query.size(0), query.size(1), self.num_heads, self.head_dim
         q = (self.q_proj(query) * self.scaling).view(T, B, H, K)
         if incremental_state is None:

@@ -1,14 +1,6 @@
-"""Cross attention restricted to the source sentences near the one being written (``--cross-sentence-window K``).
-
-A target position in sentence ``j`` reads the source sentences ``j - K .. j + K``, ``j`` clamped to the source's last
-sentence (a decoder that writes more separators than the source has stays on its last one). Sentence numbers count
-the separators before a source token, and those written up to a target input (models/sentence_index.py); a source's
-pads are numbered -1. Two forms of the same windows:
-
-- ``window_mask``: the whole ``[B, Tt, Ts]`` mask of a full pass (training, scoring): the reference;
-- ``window_spans``: per source and sentence number, the window's span of positions, so that a decoding step gathers
-  a fixed count of keys and values (W, the batch's widest window), whatever the source's length.
-"""
+"""``--cross-sentence-window K``: a target position in sentence ``j`` reads the source sentences ``j - K .. j + K``,
+``j`` clamped to the source's last (sentence numbers: models/sentence_index.py; a source's pads are -1). The full pass
+masks (``window_mask``, the reference); a decoding step gathers a span per source and number (``window_spans``)."""
 from typing import Tuple
 
 import torch
