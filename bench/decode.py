@@ -38,7 +38,6 @@ MODELS = {
                     "rfa_softcross": MT, "rfa_gate_softcross": MT + ["--rfa-gate"],
                     "softmax_plugin": MT + ["--decoder-attention", "softmax"],  # fairseq's softmax, the plugin's beam search
                     **{f"rfa_enc_{kind}": RFA_MT + ["--encoder-attention", kind] for kind in ("rfa", "favor", "lara")},
-                    **{f"gate_window{w}": MT + ["--rfa-gate", "--rfa-local-window", str(w)] for w in (16, 32, 64, 128)},
                     "gate_sentidx": MT + ["--rfa-gate", "--sentence-index"],
                     "softmax_sentidx": MT + ["--decoder-attention", "softmax", "--sentence-index"],
                     "gate_sentidx_window1": MT + ["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1"],

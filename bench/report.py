@@ -9,7 +9,7 @@ import json
 RANGES = ["self_attn", "encoder_attn", "reorder", "ffn", "output", "encoder", "decoder_other", "rest"]
 TITLES = {"decode-synthetic": "Decoding, random weights, forced length", "decode-checkpoint": "Decoding trained checkpoints",
           "train-lm": "Training the LM decoder stack (forward + backward)", "train-translation": "Training on real batches",
-          "train-encoder": "Encoder self-attention module (forward + backward)", "train-chunk": "chunk_causal_rfa by chunk size"}
+          "train-encoder": "Encoder self-attention module (forward + backward)"}
 
 
 def mib(x):
@@ -77,9 +77,6 @@ def render(data):
     elif kind == "train-translation":
         body = table(["model", "s/step", "speed vs softmax", "peak MiB"], [
             [r["model"], f"{r['seconds']:.3f}", f"{r.get('ratio', 1):.2f}x", mib(r.get("peak_bytes"))] for r in rows])
-    elif kind == "train-chunk":
-        body = "Milliseconds per call\n\n" + by_length(rows, [("", lambda r: f"{1e3 * r['seconds']:.1f}")],
-                                                         lambda r: (r["pass"], r["gated"], r["length"]), ("pass", "gated", "length"))
     else:
         both = lambda r: ", ".join(f"{r[k]:.2f}x {w}" for k, w in (("ratio", "softmax"), ("ratio_sdpa", "SDPA"))  # noqa: E731
                                    if r.get(k, 1.0) != 1.0)

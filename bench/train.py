@@ -3,11 +3,10 @@
 --fla-unguard``: where fla-core refuses RFA-Gate's backward (Hopper, Triton 3.4 to 3.7.0), lift its guard for this run
 if fla's gradients are within FLA_GRADIENT_RATIO of the torch path's, else drop rfa_gate_fla.
 
-    python bench/train.py lm --lengths 256 1024 8192 --out train_lm.json     # also: translation DATA_BIN, encoder, chunk
+    python bench/train.py lm --lengths 256 1024 8192 --out train_lm.json     # also: translation DATA_BIN, encoder
 """
 import argparse
 import gc
-import math
 import multiprocessing
 import os
 import sys
@@ -44,9 +43,6 @@ SETTINGS = {  # mode: (variants, default variants, sizes, sizes with --tiny)
     "encoder": (list(ENCODER), list(ENCODER),
                 dict(lengths=[512, 1024, 2048, 4096, 8192, 16384], embed_dim=512, heads=8, feature_dim=64, landmarks=16),
                 dict(lengths=[64, 128], embed_dim=32, heads=4, feature_dim=8, landmarks=4)),
-    "chunk": (None, None, dict(chunk_sizes=[16, 32, 64, 128, 256], lengths=[512, 2048, 8192], tokens_per_batch=8192,
-                               heads=8, feature_dim=64, head_dim=64),
-              dict(chunk_sizes=[8, 16, 32], lengths=[64, 128], tokens_per_batch=256, heads=2, feature_dim=8, head_dim=8)),
 }
 
 
@@ -207,30 +203,6 @@ def translation(args):
     return list(rows.values())
 
 
-def chunk(args):
-    rows, D = [], args.feature_dim
-    for mode in ("train", "infer"):
-        for gated in (False, True):
-            for length in args.lengths:
-                shape, g = (max(1, args.tokens_per_batch // length), args.heads, length), torch.Generator().manual_seed(0)
-                q, k = [torch.cat([a.sin(), a.cos()], -1) / math.sqrt(D) for a in (2 * torch.randn(*shape, D, generator=g)
-                                                                                  for _ in range(2))]
-                v, grad = [torch.randn(*shape, args.head_dim, generator=g).to(args.device) for _ in range(2)]
-                log_g = F.logsigmoid(torch.randn(*shape, generator=g) + 2) if gated else None
-                q, k, v, log_g = [x if x is None else x.to(args.device).requires_grad_(mode == "train") for x in (q, k, v, log_g)]
-                for size in args.chunk_sizes:
-                    def step():
-                        if mode == "train":
-                            chunk_causal_rfa(q, k, v, log_g, chunk_size=size)[0].backward(grad)
-                        else:
-                            with torch.inference_mode():
-                                chunk_causal_rfa(q, k, v, log_g, output_final_state=True, chunk_size=size)
-                    rows.append({"model": f"C={size}", "pass": mode, "gated": gated, "length": length, "batch": shape[0],
-                                 "chunk_size": size, **harness.measure(step, args.device, args.repeats, args.clock, args.statistic)})
-                print(mode, gated, length, " ".join(f"C={r['chunk_size']}: {1e3 * r['seconds']:.2f} ms" for r in rows[-len(args.chunk_sizes):]))
-    return rows
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     modes = p.add_subparsers(dest="mode", required=True)
@@ -244,10 +216,9 @@ def parse_args(argv=None):
             sub.add_argument("--max-seconds", type=float, default=600.0, help="skip a length predicted to take longer")
         if mode in ("lm", "encoder"):
             sub.add_argument("--fresh-process", action="store_true", help="each row in a process of its own (peak memory)")
-        if variants:
-            sub.add_argument("--variants", nargs="+", choices=variants, default=default)
+        sub.add_argument("--variants", nargs="+", choices=variants, default=default)
         for name in full:
-            sub.add_argument("--" + name.replace("_", "-"), type=harness.positive, nargs="+" if name in ("lengths", "chunk_sizes") else None,
+            sub.add_argument("--" + name.replace("_", "-"), type=harness.positive, nargs="+" if name == "lengths" else None,
                              help=f"default {full[name]} (--tiny: {tiny[name]})")
         harness.common_flags(sub, repeats=3)
         sub.add_argument("--tiny", action="store_true", help="small sizes (for tests)")
@@ -284,11 +255,10 @@ def main(argv=None):
     if args.mode in ("lm", "encoder"):  # lm: tokens per step fixed, so softmax's step grows linearly with length
         rows = by_length(args, lm_step if args.mode == "lm" else encoder_step, (0, 1) if args.mode == "lm" else (1, 2))
     else:
-        rows = translation(args) if args.mode == "translation" else chunk(args)
+        rows = translation(args)
     reference = "softmax" if any(r["model"] == "softmax" for r in rows) else rows[0]["model"]
-    if args.mode != "chunk":
-        harness.add_ratios(rows, reference, group=("length",) if args.mode != "translation" else ())
-        harness.add_ratios(rows, "sdpa", field="ratio_sdpa")
+    harness.add_ratios(rows, reference, group=("length",) if args.mode != "translation" else ())
+    harness.add_ratios(rows, "sdpa", field="ratio_sdpa")
     return harness.save(args, argv, f"train-{args.mode}", rows, reference=reference, args=vars(args), **fla_guard)
 
 

@@ -33,11 +33,9 @@ VARIANTS = {  # name: (results/quality.py's variant, extra flags)
     "gate_cross": ("gate_bias2", []),  # RFA cross attention, the current gate (rfa_gate: the paper's, bias 0)
     "gate_cross256": ("gate_bias2", LATER_CROSS[:2]), "gate_cross_rescale": ("gate_bias2", LATER_CROSS[2:]),
     "gate_cross_later": ("gate_bias2", LATER_CROSS + ["--rfa-causal-feature-dim", "32"]), "enc_rfa": ("enc_rfa", []),
-    **{f"gate_window{w}": ("gate_softcross", ["--rfa-local-window", str(w)]) for w in (16, 32, 64, 128)},  # exact last W
-    "gate_window0": ("gate_softcross", []),  # gate_softcross trained again with the windows' code: their paired seed 1
     "gate_sentidx": ("gate_softcross", ["--sentence-index"]),  # each token's sentence number, from the separators
     "gate_sentidx0": ("gate_softcross", []),  # gate_softcross trained again with the sentence index's code: its paired seed 1
-    "softmax0": ("softmax", []),  # softmax trained again at this code: seed 1's repeats and placement, a checkpoint to convert
+    "softmax0": ("softmax", []),  # softmax trained again at this code: seed 1's repeats, a checkpoint to convert
     "softmax_sentidx": ("softdec", ["--sentence-index"]),  # fairseq's softmax decoder with the index: like for like
     # cross attention on the source sentences within K of the one being written: a step reads 2K + 1 sentences
     **{f"gate_sentidx_window{k}": ("gate_softcross", ["--sentence-index", "--cross-sentence-window", str(k)]) for k in (0, 1)},
@@ -47,8 +45,7 @@ METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [
     (f"test {lo}-{hi or ''}", f"test_bleu_{lo}", 2) for lo, hi in BUCKETS] + [
     ("test sentences / ref, 512-", "test_sentences_512", 2), ("test repeats, 512-", "test_repeats_512", 3),
     ("test cut short", "test_cut", 0), ("test cut short, 512-", "test_cut_512", 0),
-    ("test attention on its sentence, 512-", "test_align_last_512", 3), ("test stays, 512-", "test_free_stay_512", 3),
-    ("test repeats that stay, 512-", "test_free_repeat_stay_512", 3)]
+    ("test attention on its sentence, 512-", "test_align_last_512", 3)]
 TIME = "s_per_update_with_validation"
 
 
@@ -170,49 +167,6 @@ def endings(ckpt: Path, data: Path, split: str) -> dict:
     return {f"{split}_{k}": round(sum(v) / len(v), 4) for k, v in found.items()}
 
 
-def sentence_places(attn, src, tgt, sep: int) -> list:
-    """Each target sentence's source sentence: the one ``attn [Tt, Ts]`` weighs most over its tokens (``src [Ts]``,
-    ``tgt [Tt]``; a separator ends a sentence)."""
-    number = lambda t: (t == sep).long().cumsum(0) - (t == sep).long()  # noqa: E731
-    by_source = attn.new_zeros(attn.size(0), int(number(src).max()) + 1).index_add_(1, number(src), attn)
-    return attn.new_zeros(int(number(tgt).max()) + 1, by_source.size(1)).index_add_(0, number(tgt), by_source).argmax(1).tolist()
-
-
-def place_counts(written: list, on: list, counts: dict):
-    """Add a document's sentences (``written``) and their source sentences (``on``) to ``counts``."""
-    for j in range(1, len(written)):
-        counts["sentences"] += 1
-        counts["advance"] += on[j] == on[j - 1] + 1
-        counts["stay"] += on[j] == on[j - 1]
-        if written[j] == written[j - 1]:
-            counts["repeats"] += 1
-            counts["repeat_stay"] += on[j] == on[j - 1]
-            counts["before_repeat_on_number"] += on[j - 1] == j - 1
-
-
-def placement(ckpt: Path, data: Path, out: Path, split: str) -> dict:
-    """Where the free-running decoder is, over documents above 512 subwords: each written sentence's source sentence
-    (sentence_places of the last layer; the hypotheses re-encoded and teacher-forced: the attention they were written
-    with). Shares of sentences that move to the next source sentence (``advance``) or stay on the one before
-    (``stay``); of repeated sentences, those that stay; of the sentences before a repeat, those on their number."""
-    import sentencepiece
-    import torch
-    model, task, ds, sep, sizes = _model(ckpt, data, split)
-    sp = sentencepiece.SentencePieceProcessor(model_file=str(data.parent / "data" / "spm.model"))
-    counts = dict(sentences=0, advance=0, stay=0, repeats=0, repeat_stay=0, before_repeat_on_number=0)
-    for i, hyp in enumerate(hypotheses(out / f"generate.{split}.out")):
-        if sizes[i] > 512:
-            written = split_document(hyp)
-            line = " <sep> ".join(" ".join(sp.encode(s, out_type=str)) for s in written)
-            tgt, src = task.tgt_dict.encode_line(line, add_if_not_exist=False).long(), ds[i]["source"]
-            with torch.no_grad():  # prev_output_tokens: eos first
-                attn = model(src[None], torch.tensor([src.numel()]), torch.cat([tgt[-1:], tgt[:-1]])[None],
-                             alignment_layer=len(model.decoder.layers) - 1)[1]["attn"][0][0]
-            place_counts(written, sentence_places(attn, src, tgt, sep), counts)
-    n, r = max(counts.pop("sentences"), 1), max(counts.pop("repeats"), 1)
-    return {f"{split}_free_{k}_512": round(v / (n if k in ("advance", "stay") else r), 3) for k, v in counts.items()}
-
-
 def rescore(variant, s, seed, data, out, a, record) -> dict:
     """The scores again and the alignment; nothing if the folder's outputs are another run's (other scores)."""
     found = {k: v for split in ("valid", "test") for k, v in scores(out, data, split).items()}
@@ -221,7 +175,7 @@ def rescore(variant, s, seed, data, out, a, record) -> dict:
               f"recorded {record.get('valid_bleu')} / {record.get('test_bleu')}): left as recorded", flush=True)
         return {}
     ckpt = out / "checkpoint_last.pt"
-    return {**found, **alignment(ckpt, data, "test"), **placement(ckpt, data, out, "test"), **endings(ckpt, data, "valid")}
+    return {**found, **alignment(ckpt, data, "test"), **endings(ckpt, data, "valid")}
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
@@ -241,7 +195,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
                  post=("--post-process", "sentencepiece", *POSITIONS, *GENERATE))
         record.update(scores(out, data, split), **{f"{split}_tokens_per_s": r.get("tokens_per_s")})
     ckpt = out / "checkpoint_last.pt"
-    record.update(alignment(ckpt, data, "test"), **placement(ckpt, data, out, "test"), **endings(ckpt, data, "valid"))
+    record.update(alignment(ckpt, data, "test"), **endings(ckpt, data, "valid"))
     (out / "record.json").write_text(json.dumps(record))
     return record
 

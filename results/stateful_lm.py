@@ -22,20 +22,19 @@ SOFTMAX, RFA = (["--user-dir", "rfa_fairseq", "--arch", arch] for arch in ("tran
 GATE = RFA + ["--rfa-gate"]
 VARIANTS = {  # (training task, flags[, what changes in the setting])
     "softmax": (LM, SOFTMAX), "rfa_gate": (LM, GATE), "rfa": (LM, RFA),
-    "rfa_gate_nopos": (LM, GATE + ["--no-token-positional-embeddings"]),  # its stateful pair: RETIRED below
+    "rfa_gate_nopos": (LM, GATE + ["--no-token-positional-embeddings"]),
     # shuffled blocks, each after a burn-in over the block before it in the text (no gradient, the update's draw)
     "rfa_gate_burnin": (STATEFUL, GATE + ["--burn-in-blocks", "1"]),
     "rfa_gate_burnin2": (STATEFUL, GATE + ["--burn-in-blocks", "2"]),  # the fix, the task's default: two blocks before
-    # a local exact window of 64 keys (--rfa-local-window), without and with the carried state
-    "rfa_gate_window64": (LM, GATE + ["--rfa-local-window", "64"]),
-    "rfa_gate_burnin2_window64": (STATEFUL, GATE + ["--burn-in-blocks", "2", "--rfa-local-window", "64"]),
     # a full softmax output layer: models CTranslate2 converts (the softmax one), for bench/decode.py
     "softmax_plain": (LM, SOFTMAX, dict(cutoffs=None)),
     "rfa_gate_burnin_plain": (STATEFUL, GATE + ["--burn-in-blocks", "2"], dict(cutoffs=None)),
 }
-# recorded variants that can no longer run (trained along contiguous streams, which the task no longer offers)
+# recorded variants that can no longer run: trained along contiguous streams, which the task no longer offers; a local
+# exact window of 64 keys (--rfa-local-window, removed)
 RETIRED = {"rfa_gate_stateful": "16 contiguous streams", "rfa_gate_stateful_g8": "8 groups of 16 streams (--stream-groups 8)",
-           "rfa_gate_stateful_nocarry": "the streams without the carried state", "rfa_gate_stateful_nopos": "no positions"}
+           "rfa_gate_stateful_nocarry": "the streams without the carried state", "rfa_gate_stateful_nopos": "no positions",
+           "rfa_gate_window64": "W = 64", "rfa_gate_burnin2_window64": "W = 64, --burn-in-blocks 2"}
 
 
 def add_args(p):

@@ -46,14 +46,11 @@ class RFAConfig(FairseqDataclass):
                 "norm (dropped by the unit normalisation) sets its weight (rfa-doc-mt's --norm-rescale)"})
     rfa_chunk_size: int = field(default=DEFAULT_CHUNK_SIZE, metadata={
         "help": "chunk length of the chunked parallel form of causal RFA used in training"})
-    rfa_local_window: int = field(default=0, metadata={
-        "help": "causal RFA weighs each query's last W keys by the exact kernel its random features estimate, "
-                "older keys by the features; decoding keeps those W keys beside the state (0: off; docs/quality.md)"})
     rfa_backend: ChoiceEnum(list(BACKENDS)) = field(default="auto", metadata={
         "help": "kernels of causal RFA in training and scoring: torch (the chunked form, any device), fla "
                 "(flash-linear-attention's Triton kernels: pip install .[gpu]) or auto (fla on a CUDA device "
                 "with fla-core and a Triton fla trains with, else torch; docs/benchmarks.md); decoding steps "
-                "and --rfa-local-window are torch's"})
+                "are torch's"})
     rfa_recompute: bool = field(default=False, metadata={
         "help": "in training, keep only each causal RFA attention's input (cross attention's q, k, v) for the "
                 "backward pass, which recomputes the rest (also below --rfa-recompute-segment; docs/benchmarks.md)"})
@@ -62,6 +59,11 @@ class RFAConfig(FairseqDataclass):
                 "segment's input and entering state (0: no segments, all intermediates kept unless --rfa-recompute)"})
 
 
+RETIRED = {  # options the studies retired: a checkpoint that used one is refused by name
+    "rfa_softmax_layers": ("softmax self-attention layers in the RFA decoder",
+                           "documents take --sentence-index --cross-sentence-window 1"),
+    "rfa_local_window": ("an exact window of the last keys in causal RFA",
+                         "documents take --sentence-index --cross-sentence-window 1; language models, plain RFA-Gate")}
 RFA_FIELDS = tuple(f.name for f in fields(RFAConfig) if f.name.startswith("rfa_"))
 _DEFAULTS = RFAConfig()
 
@@ -88,9 +90,9 @@ def fill_rfa_defaults(args):
 def rfa_config_from(args) -> RFAConfig:
     """The ``rfa_*`` options of a namespace, dataclass or DictConfig, validated (ValueError names a bad flag)."""
     values = read_fields(RFAConfig, args)
-    if getattr(args, "rfa_softmax_layers", ""):  # a checkpoint of a retired option
-        raise ValueError("--rfa-softmax-layers (softmax self-attention layers in the RFA decoder) is no longer "
-                         "supported: documents take --sentence-index --cross-sentence-window 1 (docs/quality.md)")
+    for name, (what, instead) in RETIRED.items():  # a checkpoint of a retired option
+        if getattr(args, name, None):
+            raise ValueError(f"{flag(name)} ({what}) is no longer supported: {instead} (docs/quality.md)")
     for name in ("rfa_causal_feature_dim", "rfa_cross_feature_dim", "rfa_chunk_size"):
         positive_int(flag(name), values[name])
     for name in ("rfa_init_sigma", "rfa_eps"):
@@ -106,8 +108,6 @@ def rfa_config_from(args) -> RFAConfig:
                                    or values["rfa_gate_bias"] != _DEFAULTS.rfa_gate_bias):
         raise ValueError("--rfa-gate-form and --rfa-gate-bias shape the gate: they need --rfa-gate")
     non_negative_int(flag("rfa_recompute_segment"), values["rfa_recompute_segment"])
-    if non_negative_int(flag("rfa_local_window"), values["rfa_local_window"]) and values["rfa_kernel"] == "elu":
-        raise ValueError("--rfa-local-window needs a random-feature kernel: elu's features are exact already")
     values["rfa_backend"] = one_of(flag("rfa_backend"), values["rfa_backend"], BACKENDS)
     return RFAConfig(**values)
 

@@ -19,16 +19,14 @@ def linears(model):
 
 
 @needs_int8_kernel
-@pytest.mark.parametrize("window", [[], ["--rfa-local-window", "6"]], ids=["", "window"])
 @pytest.mark.parametrize("family", ["lm", "translation"])
-def test_prepare_for_inference_quantizes_every_linear_layer_only_when_asked(lm_model, translation_model, family,
-                                                                            window):
+def test_prepare_for_inference_quantizes_every_linear_layer_only_when_asked(lm_model, translation_model, family):
     """--int8-inference --int8-min-weights 0: every linear layer of the decoder int8 after prepare_for_inference_
     (the encoder's stay float32; training is not affected), and the model's outputs close to float32's; without
     the flag the model is as it was."""
     make = lm_model if family == "lm" else translation_model
-    task, plain = make("--rfa-gate", *window)
-    _, model = make("--rfa-gate", "--int8-inference", "--int8-min-weights", "0", *window)
+    task, plain = make("--rfa-gate")
+    _, model = make("--rfa-gate", "--int8-inference", "--int8-min-weights", "0")
     model.load_state_dict(plain.state_dict())
     n, encoder = linears(plain.decoder)[0], linears(plain)[0] - linears(plain.decoder)[0]
     assert n > 0 and linears(model) == (n + encoder, 0) and (encoder > 0) == (family == "translation")

@@ -10,7 +10,6 @@ gradients; the task from the checkpoint) and prints for every RFA attention modu
   negative), in percent of the query positions times heads it was computed for.
 """
 import argparse
-import functools
 import itertools
 import json
 from pathlib import Path
@@ -35,7 +34,7 @@ def main(argv=None):
 
     from ..modules import CausalRFAttention, CrossRFAttention
     from ..modules.heads import split_heads
-    from ..ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state, window_causal_rfa
+    from ..ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state
 
     utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
     if not Path(args.path).is_file():
@@ -62,10 +61,9 @@ def main(argv=None):
         query = kwargs["query"] if "query" in kwargs else args_[0]  # fairseq's layers pass it by name
         key_padding_mask = kwargs.get("key_padding_mask")
         if isinstance(mod, CausalRFAttention):
-            q, k, v, log_g, kw = mod._inputs(query, key_padding_mask)
-            op = functools.partial(window_causal_rfa, window=mod.local_window, **kw) if kw else chunk_causal_rfa
-            ratio, _ = op(q, k, v.new_ones(*v.shape[:3], 1), log_g, eps=mod.eps, convex=mod.convex,
-                          chunk_size=mod.chunk_size)
+            q, k, v, log_g = mod._inputs(query, key_padding_mask)
+            ratio, _ = chunk_causal_rfa(q, k, v.new_ones(*v.shape[:3], 1), log_g, eps=mod.eps, convex=mod.convex,
+                                        chunk_size=mod.chunk_size)
         else:
             key = kwargs["key"] if "key" in kwargs else args_[1]
             q = mod.feature_map(split_heads(mod.q_proj(query), mod.num_heads))

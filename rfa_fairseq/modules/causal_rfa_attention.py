@@ -5,9 +5,8 @@ signature), Time x Batch x Channel. Causality is structural (the recurrence only
 the decoder's future mask adds nothing and is only checked for shape.
 
 One linear layer, ``in_proj``, computes q, k, v and the gate's logit, in training and in decoding. With an
-incremental state the module keeps its op's state under its key, ``{"state": [S | z]}``, with a local window also
-the ring of :class:`ops.WindowState` (``keys``, ``values``, ``slot``), each beside a spare buffer for beam reorders;
-its size does not depend on the tokens before. One token is a recurrent step (pads masked in it, nothing read back
+incremental state the module keeps its op's state under its key, ``{"state": [S | z]}``, beside a spare buffer
+for beam reorders; its size does not depend on the tokens before. One token is a recurrent step (pads masked in it, nothing read back
 to the host); several (a prompt, a stateful language model's next block) go through the chunked form from the
 state and leave their final state there.
 """
@@ -18,11 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..ops import (WindowState, chunk_causal_rfa, fla_causal_rfa, recurrent_causal_rfa_step, window_causal_rfa,
-                   window_causal_rfa_step)
+from ..ops import chunk_causal_rfa, fla_causal_rfa, recurrent_causal_rfa_step
 from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
 from ..ops.causal_rfa.fla import BACKENDS, fla_chosen
-from ..ops.causal_rfa.window import empty_window_state
 from ..ops.denominator import DEFAULT_EPS, compute_dtype
 from ..validation import non_negative_int, one_of
 from .beam import BeamLayout, reorder_rows_
@@ -43,11 +40,9 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         recompute: under autograd, keep only the input ``x`` of a multi-token call for the backward pass;
             recompute_segment: the same, segment by segment (each keeping its entering state), past this many
             tokens (0: no segments).
-        local_window: ``W > 0``: each query weighs its last ``W`` keys by the exact kernel, older keys by their
-            features (``ops/causal_rfa/window.py``).
         backend: the kernels of a multi-token call, ``torch``, ``fla`` (``ops/causal_rfa/fla.py``: no segments,
-            its memory is linear in the length) or ``auto`` (``fla_chosen``); one-token steps and the local window
-            are torch's on every backend.
+            its memory is linear in the length) or ``auto`` (``fla_chosen``); one-token steps are torch's on
+            every backend.
     """
 
     STATE_KEY = "causal_rfa"
@@ -55,15 +50,11 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, gate: bool = False,
                  eps: float = DEFAULT_EPS, chunk_size: int = DEFAULT_CHUNK_SIZE, recompute: bool = False,
                  gate_form: str = "convex", gate_bias: float = 2.0, recompute_segment: int = DEFAULT_RECOMPUTE_SEGMENT,
-                 local_window: int = 0, backend: str = "torch"):
+                 backend: str = "torch"):
         super().__init__(embed_dim, num_heads, feature_map, eps=eps, recompute=recompute)
         one_of("gate_form", gate_form, GATE_FORMS)
         non_negative_int("recompute_segment", recompute_segment)
-        self.local_window = non_negative_int("local_window", local_window)
         self.backend = one_of("backend", backend, BACKENDS)
-        if self.backend == "fla" and self.local_window:
-            raise ValueError("--rfa-backend fla has no local window: use --rfa-backend torch or auto with "
-                             "--rfa-local-window")
         self.chunk_size, self.recompute_segment = chunk_size, recompute_segment
         self.gated, self.convex = gate, gate_form == "convex"
         projections = [self.q_proj, self.k_proj, self.v_proj]
@@ -101,28 +92,21 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         return qkv[:2], qkv[2], log_g, pad
 
     def _inputs(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor] = None):
-        """What this module's op takes: ``q, k [B, H, T, F]`` (phi(k) = 0 at the pads; the window's: the scaled
-        inputs), ``v``, ``log g`` (or None) and the op's keywords."""
+        """What this module's op takes: ``q, k [B, H, T, F]`` (phi(k) = 0 at the pads), ``v`` and ``log g``
+        (or None)."""
         qk, v, log_g, pad = self._heads(x, key_padding_mask)
-        fm = self.feature_map
-        if self.local_window:
-            q, k = fm.scale(qk)
-            return q, k, v, log_g, dict(kernel=fm.kernel, random_matrix=fm.matrix(random_matrix), pad=pad)
-        q, k = fm(qk, random_matrix)  # queries and keys share the map: one call
-        return q, (k if pad is None else k.masked_fill(pad.unsqueeze(-1), 0.0)), v, log_g, {}
+        q, k = self.feature_map(qk, random_matrix)  # queries and keys share the map: one call
+        return q, (k if pad is None else k.masked_fill(pad.unsqueeze(-1), 0.0)), v, log_g
 
     def _segment(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor],
                  state, output_final_state: bool):
         """Layer input in; attention heads (before ``out_proj``) and the final state out, by the chunked form."""
-        q, k, v, log_g, kw = self._inputs(x, key_padding_mask, random_matrix)
-        if self.local_window:
-            op, kw = window_causal_rfa, dict(kw, window=self.local_window, chunk_size=self.chunk_size)
-        else:
-            op, kw = (fla_causal_rfa, {}) if self._fla(x) else (chunk_causal_rfa, dict(chunk_size=self.chunk_size))
+        q, k, v, log_g = self._inputs(x, key_padding_mask, random_matrix)
+        op, kw = (fla_causal_rfa, {}) if self._fla(x) else (chunk_causal_rfa, dict(chunk_size=self.chunk_size))
         return op(q, k, v, log_g, state, output_final_state, eps=self.eps, convex=self.convex, **kw)
 
     def _fla(self, x: Tensor) -> bool:
-        return not self.local_window and fla_chosen(self.backend, x.device, self.gated)
+        return fla_chosen(self.backend, x.device, self.gated)
 
     def _tokens(self, x: Tensor, key_padding_mask: Optional[Tensor], state: Optional[Tensor] = None,
                 output_final_state: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
@@ -147,16 +131,9 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def _step(self, x: Tensor, key_padding_mask: Optional[Tensor], state) -> Tuple[Tensor, Tensor]:
         """One token ``x [1, B, C]``: ``out [B, H, K]`` and the state, advanced in place without autograd (the
         state was made by this module: a step, the chunked form or a reorder)."""
-        q, k, v, log_g, kw = self._inputs(x, key_padding_mask)
-        q, k, v, log_g = (None if t is None else t.select(2, 0) for t in (q, k, v, log_g))
-        inplace = not torch.is_grad_enabled()
-        if not self.local_window:
-            return recurrent_causal_rfa_step(q, k, v, log_g, state, eps=self.eps, convex=self.convex, inplace=inplace)
-        if state is None:
-            state = empty_window_state(v.size(0), self.num_heads, self.feature_map.output_dim, self.head_dim,
-                                       self.local_window, v)
-        kw["pad"] = None if kw["pad"] is None else kw["pad"].select(2, 0)
-        return window_causal_rfa_step(q, k, v, log_g, state, eps=self.eps, convex=self.convex, inplace=inplace, **kw)
+        q, k, v, log_g = (None if t is None else t.select(2, 0) for t in self._inputs(x, key_padding_mask))
+        return recurrent_causal_rfa_step(q, k, v, log_g, state, eps=self.eps, convex=self.convex,
+                                         inplace=not torch.is_grad_enabled())
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
@@ -176,15 +153,13 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             return self.out_proj(merge_heads(self._tokens(query, key_padding_mask)[0])), None
         buffer = self._get_input_buffer(incremental_state)
         state = buffer.get("state")
-        if self.local_window and state is not None:
-            state = WindowState(*(buffer[name] for name in WindowState._fields))
         if T == 1:  # a decoding step: [B, H, K] is [1, B, C] by a view
             out, state = self._step(query, key_padding_mask, state)
             out = out.view(query.shape)
         else:
             out, state = self._tokens(query, key_padding_mask, state, True)
             out = merge_heads(out)
-        buffer.update(zip(WindowState._fields, state) if self.local_window else [("state", state)])
+        buffer["state"] = state
         self._set_input_buffer(incremental_state, buffer)
         return self.out_proj(out), None
 
@@ -193,13 +168,13 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         buffer = self._get_input_buffer(incremental_state)
         if buffer.get("state") is None or (self.beam_size == 1 and new_order.numel() == buffer["state"].size(0)):
             return incremental_state
-        reorder_rows_(buffer, [name for name in buffer if not name.startswith("spare_")], new_order)
+        reorder_rows_(buffer, ["state"], new_order)
         self._set_input_buffer(incremental_state, buffer)
         return incremental_state
 
     def extra_repr(self) -> str:
         gate = f"gate={'convex' if self.convex else 'decay'}" if self.gated else "gate=None"
-        return f"heads={self.num_heads}, {gate}, local_window={self.local_window}, backend={self.backend}"
+        return f"heads={self.num_heads}, {gate}, backend={self.backend}"
 
 
 def stack_linears(linears) -> nn.Linear:

@@ -13,7 +13,6 @@ from torch import Tensor, nn
 
 from ..ops import feature_map, feature_size, gaussian_step_features, gaussian_step_weights, sample_random_matrix
 from ..ops.denominator import compute_dtype
-from ..ops.feature_maps import scale_inputs
 
 _M64 = 2**64 - 1
 
@@ -89,10 +88,6 @@ class RandomFeatureMap(nn.Module):
             self.refresh()
             random_matrix = self.random_matrix
         return random_matrix
-
-    def scale(self, x: Tensor) -> Tensor:
-        """``x [B, H, T, K]`` as the kernel compares it (``ops.feature_maps.scale_inputs``)."""
-        return scale_inputs(self.kernel, x, self.sigma)
 
     def forward(self, x: Tensor, random_matrix: Optional[Tensor] = None) -> Tensor:
         """phi(x). ``random_matrix``: a :meth:`matrix_for_recompute` copy to use instead of the

@@ -4,9 +4,8 @@ Layout throughout: ``[B, H, T, F]`` for feature-mapped queries/keys, ``[B, H, T,
 and ``[B, H, F, K + 1]`` for a state: ``S = sum phi(k) v^T`` and ``z = sum phi(k)`` packed as
 ``[S | z]`` (``z`` the last column), causal or cross.
 """
-from .causal_rfa import (GATE_FORMS, WindowState, chunk_causal_rfa, fla_causal_rfa, fla_installed,
-                         fla_refuses_gated_backward, naive_causal_rfa, naive_window_causal_rfa, recurrent_causal_rfa,
-                         recurrent_causal_rfa_step, window_causal_rfa, window_causal_rfa_step)
+from .causal_rfa import (GATE_FORMS, chunk_causal_rfa, fla_causal_rfa, fla_installed, fla_refuses_gated_backward,
+                         naive_causal_rfa, recurrent_causal_rfa, recurrent_causal_rfa_step)
 from .cross_rfa import (cross_rfa_apply, cross_rfa_quadratic, cross_rfa_state, cross_rfa_weights, key_norm_weights,
                         naive_cross_rfa, quadratic_is_cheaper)
 from .denominator import DEFAULT_EPS, guarded_ratio
@@ -15,9 +14,8 @@ from .feature_maps import (FEATURE_MAPS, KERNELS, POSITIVE_KERNELS, RANDOM_MATRI
                            gaussian_step_features, gaussian_step_weights, l2_normalize, sample_random_matrix)
 
 __all__ = [
-    "GATE_FORMS", "WindowState", "chunk_causal_rfa", "fla_causal_rfa", "fla_installed", "fla_refuses_gated_backward",
-    "naive_causal_rfa", "naive_window_causal_rfa", "recurrent_causal_rfa", "recurrent_causal_rfa_step",
-    "window_causal_rfa", "window_causal_rfa_step",
+    "GATE_FORMS", "chunk_causal_rfa", "fla_causal_rfa", "fla_installed", "fla_refuses_gated_backward",
+    "naive_causal_rfa", "recurrent_causal_rfa", "recurrent_causal_rfa_step",
     "cross_rfa_apply", "cross_rfa_quadratic", "cross_rfa_state", "cross_rfa_weights", "key_norm_weights",
     "naive_cross_rfa", "quadratic_is_cheaper",
     "DEFAULT_EPS", "guarded_ratio",

@@ -129,24 +129,6 @@ def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) ->
     return features(kernel, scale_inputs(kernel, x, sigma), random_matrix)
 
 
-def exact_kernel(kernel: str, x: Tensor, y: Tensor) -> Tensor:
-    """The kernel that ``phi(x) . phi(y)`` estimates, for every pair of scaled inputs ``x [..., M, K]`` and
-    ``y [..., N, K]`` (:func:`scale_inputs`): ``[..., M, N]``. gaussian: exp(-|x - y|^2 / 2); favor: exp(x . y);
-    arccos: |x| |y| (sin t + (pi - t) cos t) / (2 pi), t their angle; elu: phi(x) . phi(y) (exact features)."""
-    _kind(kernel)
-    dot = x @ y.transpose(-1, -2)
-    if kernel == "gaussian":
-        return torch.exp(dot - 0.5 * x.pow(2).sum(-1, keepdim=True) - 0.5 * y.pow(2).sum(-1).unsqueeze(-2))
-    if kernel == "favor":
-        return torch.exp(dot)
-    if kernel == "arccos":
-        norms = x.norm(dim=-1, keepdim=True) * y.norm(dim=-1).unsqueeze(-2)
-        cos = (dot / norms.clamp_min(NORM_EPS)).clamp(-1 + 1e-6, 1 - 1e-6)  # acos has no gradient at +-1
-        angle = torch.acos(cos)
-        return norms * (torch.sqrt(1 - cos * cos) + (math.pi - angle) * cos) / (2 * math.pi)
-    return elu_features(x, None) @ elu_features(y, None).transpose(-1, -2)
-
-
 def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor) -> Tuple[Tensor, Tensor]:
     """The ``gaussian`` feature map precomputed for inference (:func:`gaussian_step_features`): the random matrix
     ``[H, D, K]`` with sigma ``[H, K]`` folded in, twice side by side, and the phases ``[0, pi/2]`` that turn the

@@ -81,13 +81,6 @@ def test_encoder_rows_and_softmax_skipped_where_it_would_not_fit():
     assert "would need" in rows[0]["skipped"] and rows[1]["seconds"] > 0
 
 
-def test_chunk_rows_cover_every_setting():
-    rows = train.main(["chunk", "--lengths", "32", "--chunk-sizes", "8", "32"] + COMMON)
-    assert {(r["pass"], r["gated"], r["chunk_size"]) for r in rows} == {
-        (p, g, c) for p in ("train", "infer") for g in (False, True) for c in (8, 32)}
-    assert all(r["seconds"] > 0 and r["batch"] == 256 // 32 for r in rows)
-
-
 @pytest.mark.slow
 def test_translation_mode_on_real_batches(tmp_path):
     data = multi30k_bin(tmp_path, (("train", 60), ("valid", 8), ("test", 8)))
@@ -98,7 +91,7 @@ def test_translation_mode_on_real_batches(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["lm", "--tokens-per-batch", "0"], ["lm", "--embed-dim", "30", "--heads", "4"],
-                                  ["encoder", "--lengths", "0"], ["chunk", "--variants", "rfa"], ["lm", "--variants", "x"]])
+                                  ["encoder", "--lengths", "0"], ["translation", "x", "--batches", "0"], ["lm", "--variants", "x"]])
 def test_bad_flags_stop_with_an_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
         train.parse_args(argv)

@@ -76,8 +76,3 @@ def test_auto_is_torch_on_a_cpu_and_the_flag_reaches_every_layer(lm_model):
     _, model = lm_model("--rfa-backend", "torch")
     backends = {m.backend for m in model.modules() if isinstance(m, CausalRFAttention)}
     assert backends == {"torch"}
-
-
-def test_refusals_name_the_flags(lm_model):
-    with pytest.raises(ValueError, match="--rfa-backend fla has no local window"):
-        lm_model("--rfa-backend", "fla", "--rfa-local-window", "4")

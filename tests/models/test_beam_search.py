@@ -36,8 +36,7 @@ def _rescore(model, task, sample, hypo_tokens, row):
 
 
 @pytest.mark.parametrize("extra", [pytest.param([], id="rfa"), pytest.param(["--rfa-gate"], id="rfa-gate"),
-                                   pytest.param(["--rfa-gate", "--cross-attention", "softmax"], id="gate-softmax-cross"),
-                                   pytest.param(["--rfa-gate", "--rfa-local-window", "4"], id="gate-window4")])
+                                   pytest.param(["--rfa-gate", "--cross-attention", "softmax"], id="gate-softmax-cross")])
 def test_beam_hypotheses_rescored_by_full_forward(translation_model, extra):
     task, model = translation_model(*extra, rfa_flags="--cross-attention" not in extra)
     model.eval()
@@ -218,9 +217,8 @@ def test_lm_state_size_constant_in_length(lm_model, extra):
     assert sizes[1] == sizes[16] == sizes[1024] > 0
 
 
-@pytest.mark.parametrize("extra", [pytest.param([], id="rfa-gate"), pytest.param(["--rfa-local-window", "8"], id="window8")])
-def test_translation_state_size_constant_in_length(translation_model, extra):
-    task, model = translation_model("--rfa-gate", "--max-target-positions", "2048", *extra)
+def test_translation_state_size_constant_in_length(translation_model):
+    task, model = translation_model("--rfa-gate", "--max-target-positions", "2048")
     model.eval()
     sample = _sample(task, batch=2)
     src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]

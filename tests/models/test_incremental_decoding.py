@@ -14,8 +14,6 @@ VARIANTS = [
     pytest.param(["--rfa-kernel", "elu"], id="elu"),
     pytest.param(["--rfa-cross-abs-denominator", "--rfa-eps", "1.5"], id="cross-abs-eps1.5"),
     pytest.param(["--rfa-gate", "--rfa-cross-norm-rescale"], id="gate-cross-norm-rescale"),
-    pytest.param(["--rfa-gate", "--rfa-local-window", "5"], id="gate-window5"),
-    pytest.param(["--rfa-kernel", "favor", "--rfa-local-window", "3"], id="favor-window3"),
 ]
 
 

@@ -8,7 +8,6 @@ import torch.nn.functional as F
 from rfa_fairseq.modules import CausalRFAttention, CrossRFAttention, RandomFeatureMap
 from rfa_fairseq.ops import (chunk_causal_rfa, cross_rfa_apply, cross_rfa_quadratic, cross_rfa_state, cross_rfa_weights,
                              naive_causal_rfa, naive_cross_rfa, recurrent_causal_rfa_step)
-from rfa_fairseq.ops import window_causal_rfa, window_causal_rfa_step
 
 B, H, T, S, Fd, K = 2, 2, 150, 40, 16, 8
 HALF = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
@@ -28,18 +27,11 @@ def _ops():
     pad = torch.zeros(B, S, dtype=torch.bool)
     pad[0, :5] = True
     ks, vs = k[:, :, :S], v[:, :, :S]
-    matrix = torch.randn(H, Fd // 2, K, generator=torch.Generator().manual_seed(1))
     return {
         "chunk": lambda: chunk_causal_rfa(q, k, v, log_g, output_final_state=True),
         "naive": lambda: naive_causal_rfa(q[:, :, :20], k[:, :, :20], v[:, :, :20], log_g[:, :, :20],
                                           output_final_state=True),
         "step": lambda: recurrent_causal_rfa_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], log_g[:, :, 0], state.clone()),
-        "window": lambda: window_causal_rfa(q[..., :K], k[..., :K], v, log_g, None, True, kernel="gaussian",
-                                            random_matrix=matrix, window=8),
-        "window_step": lambda: window_causal_rfa_step(
-            q[:, :, 0, :K], k[:, :, 0, :K], v[:, :, 0], log_g[:, :, 0],
-            window_causal_rfa(q[..., :K], k[..., :K], v, log_g, None, True, kernel="gaussian", random_matrix=matrix,
-                              window=8)[1], kernel="gaussian", random_matrix=matrix),
         "cross_state": lambda: cross_rfa_state(ks, vs, pad),
         "cross_apply": lambda: cross_rfa_apply(q, cross_rfa_state(ks, vs, pad)),
         "cross_quadratic": lambda: cross_rfa_quadratic(q, ks, vs, pad),

@@ -217,12 +217,11 @@ def test_the_attention_on_its_sentence_is_the_weight_on_the_source_sentence_of_t
 def test_rescoring_leaves_a_run_whose_folder_now_holds_another_runs_outputs(monkeypatch, tmp_path):
     monkeypatch.setattr(documents, "scores", lambda out, data, split: {f"{split}_bleu": 20.0})
     monkeypatch.setattr(documents, "alignment", lambda ckpt, data, split: {f"{split}_align_last": 0.3})
-    monkeypatch.setattr(documents, "placement", lambda ckpt, data, out, split: {f"{split}_free_stay_512": 0.1})
     monkeypatch.setattr(documents, "endings", lambda ckpt, data, split: {f"{split}_eos_at_end": 0.9})
     rescore = lambda record: documents.rescore("softmax", {}, 1, tmp_path, tmp_path, None, record)  # noqa: E731
     assert rescore({"valid_bleu": 20.0, "test_bleu": 21.0}) == {}
     assert rescore({"valid_bleu": 20.0, "test_bleu": 20.0}) == {"valid_bleu": 20.0, "test_bleu": 20.0,
-                                                                 "test_align_last": 0.3, "test_free_stay_512": 0.1,
+                                                                 "test_align_last": 0.3,
                                                                  "valid_eos_at_end": 0.9}
 
 
@@ -270,15 +269,3 @@ def parse(table):
     head, _, *rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
     return [dict(zip(head, row)) for row in rows]
 
-
-def test_the_free_running_place_is_the_source_sentence_weighed_most_and_repeats_that_stay_are_counted():
-    sep = 5
-    src = torch.tensor([7, sep, 8, 9, sep, 10, 2])  # source sentences [7 sep] [8 9 sep] [10 </s>]
-    tgt = torch.tensor([11, sep, 12, sep, 12, 2])  # written: [11 sep] [12 sep] [12 </s>]
-    attn = torch.zeros(6, 7)
-    attn[:2, 0], attn[2:4, 2], attn[4:, 3] = 1, 0.6, 0.6  # sentence 0 on source 0, sentences 1 and 2 on source 1
-    attn[2:4, 5] = 0.4  # a smaller share elsewhere
-    assert documents.sentence_places(attn, src, tgt, sep) == [0, 1, 1]
-    counts = dict(sentences=0, advance=0, stay=0, repeats=0, repeat_stay=0, before_repeat_on_number=0)
-    documents.place_counts(["a", "b", "b"], [0, 1, 1], counts)
-    assert counts == dict(sentences=2, advance=1, stay=1, repeats=1, repeat_stay=1, before_repeat_on_number=1)
