@@ -90,18 +90,25 @@ def render(data):
 
 
 def figure(files, path):
+    """Speed and memory against length: a column per file; a checkpoint run's by its output-length buckets (each at the
+    bucket's mean output, its memory what decoding adds above the loaded model)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, len(files), figsize=(5 * len(files), 8), squeeze=False)
     for col, data in enumerate(files):
-        for row, (key, label) in enumerate((("tokens_per_s", "tokens/s"), ("peak_bytes", "peak memory (MiB)"))):
+        buckets = any("buckets" in r for r in data["rows"])  # translation checkpoints (language models: by length)
+        rows = [b for r in data["rows"] for b in r.get("buckets", ())] if buckets else data["rows"]
+        memory = ("decode_bytes", "decoding's memory (MiB)") if buckets else ("peak_bytes", "peak memory (MiB)")
+        for row, (key, label) in enumerate((("tokens_per_s", "tokens/s"), memory)):
             ax = axes[row][col]
-            for model in dict.fromkeys(r["model"] for r in data["rows"]):
-                points = sorted((r["length"], r[key] / 2**(20 * row)) for r in data["rows"] if r["model"] == model and r.get(key))
+            for model in dict.fromkeys(r["model"] for r in rows):
+                points = sorted((r["tokens"] / r["sentences"] if buckets else r["length"], r[key] / 2**(20 * row))
+                                for r in rows if r["model"] == model and r.get(key))
                 if points:
                     ax.plot(*zip(*points), marker="o", label=model)
-            ax.set(xscale="log", yscale="log", xlabel="length (tokens)", ylabel=label)
+            ax.set(xscale="log", yscale="log", xlabel="output length (tokens" + (", mean of a bucket)" if buckets else ")"),
+                   ylabel=label)
             ax.set_title(TITLES[data["meta"]["bench"]] + f" ({data['meta']['args'].get('task', 'lm')})", fontsize=9)
             ax.grid(True, alpha=0.3), ax.legend(fontsize=7)
     meta = files[0]["meta"]
@@ -131,8 +138,9 @@ def main(argv=None):
     else:
         print(text)
     if args.figure:
-        plotted = [d for d in files if d["meta"]["bench"] in ("decode-synthetic", "train-lm") and not d["meta"]["args"].get("profile")]
-        figure(plotted or p.error("--figure plots decode-synthetic (without --profile) and train-lm results; none given"), args.figure)
+        plotted = [d for d in files if d["meta"]["bench"] in ("decode-synthetic", "decode-checkpoint", "train-lm")
+                   and any("tokens_per_s" in r for r in d["rows"])]
+        figure(plotted or p.error("--figure plots decode and train-lm results; none given"), args.figure)
     return text
 
 
