@@ -6,9 +6,9 @@ the decoder's future mask adds nothing and is only checked for shape.
 
 One linear layer, ``in_proj``, computes q, k, v and the gate's logit, in training and in decoding. With an
 incremental state the module keeps its op's state under its key, ``{"state": [S | z]}``, beside a spare buffer
-for beam reorders; its size does not depend on the tokens before. One token is a recurrent step (pads masked in it, nothing read back
-to the host); several (a prompt, a stateful language model's next block) go through the chunked form from the
-state and leave their final state there.
+for beam reorders; its size does not depend on the tokens before. One token is a recurrent step (pads masked in
+it, nothing read back to the host); several (a prompt, a stateful language model's next block) go through the
+chunked form from the state and leave their final state there.
 """
 from typing import Optional, Tuple
 

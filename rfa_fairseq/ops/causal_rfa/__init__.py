@@ -20,4 +20,5 @@ GATE_FORMS = ("convex", "decay")
 DEFAULT_RECOMPUTE_SEGMENT = 512
 
 __all__ = ["chunk_causal_rfa", "naive_causal_rfa", "recurrent_causal_rfa", "recurrent_causal_rfa_step",
-           "fla_causal_rfa", "fla_installed", "fla_refuses_gated_backward", "DEFAULT_CHUNK_SIZE", "DEFAULT_RECOMPUTE_SEGMENT", "GATE_FORMS"]
+           "fla_causal_rfa", "fla_installed", "fla_refuses_gated_backward", "DEFAULT_CHUNK_SIZE",
+           "DEFAULT_RECOMPUTE_SEGMENT", "GATE_FORMS"]
