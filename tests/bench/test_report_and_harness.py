@@ -30,7 +30,7 @@ def test_report_has_one_line_per_length_and_writes_a_png(tmp_path):
 
 
 def test_the_figure_plots_a_checkpoint_runs_buckets_at_their_mean_output(tmp_path, monkeypatch):
-    path = os.path.join(REPO, "bench", "results", "decode_documents_window_trained_b8_1thr.json")
+    path = os.path.join(REPO, "bench", "results", "decode_documents_ct2_b8_1thr.json")
     with open(path) as f:
         rows = json.load(f)["rows"]
     drawn = []
@@ -38,7 +38,7 @@ def test_the_figure_plots_a_checkpoint_runs_buckets_at_their_mean_output(tmp_pat
     report.main([path, "--figure", str(tmp_path / "f.png")])
     speed = [(r["model"], *zip(*sorted((b["tokens"] / b["sentences"], b["tokens_per_s"]) for b in r["buckets"])))
              for r in rows]
-    assert len(speed) == 3 and drawn[:3] == speed and [m for m, _, _ in drawn[3:]] == [r["model"] for r in rows]
+    assert len(speed) > 1 and drawn[:len(speed)] == speed and [m for m, _, _ in drawn[len(speed):]] == [r["model"] for r in rows]
 
 
 def test_every_kept_result_renders():
