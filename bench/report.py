@@ -109,7 +109,9 @@ def figure(files, path):
                     ax.plot(*zip(*points), marker="o", label=model)
             ax.set(xscale="log", yscale="log", xlabel="output length (tokens" + (", mean of a bucket)" if buckets else ")"),
                    ylabel=label)
-            ax.set_title(TITLES[data["meta"]["bench"]] + f" ({data['meta']['args'].get('task', 'lm')})", fontsize=9)
+            flags = data["meta"].get("generate_flags", [])
+            batch = f", batch {flags[flags.index('--batch-size') + 1]}" if "--batch-size" in flags else ""
+            ax.set_title(TITLES[data["meta"]["bench"]] + f" ({data['meta']['args'].get('task', 'lm')}{batch})", fontsize=9)
             ax.grid(True, alpha=0.3), ax.legend(fontsize=7)
     meta = files[0]["meta"]
     fig.suptitle(f"{meta['device']}, torch {meta['torch']}, {meta['torch_threads']} threads", fontsize=10)
