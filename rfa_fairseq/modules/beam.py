@@ -33,8 +33,9 @@ class BeamLayout:
 
 def reorder_rows_(buffer: dict, names, new_order: Tensor):
     """Beam search's reorder of each ``buffer[name]``, ``name`` in ``names``: the rows that ``new_order`` keeps.
-    Without autograd they are gathered into a spare buffer kept beside it, ``spare_<name>`` (the two then swap roles; into its front when finished sentences shrink the batch): a step allocates no state-sized
-    memory (which the system would zero page by page) and the state alternates between two places (step_graphs)."""
+    Without autograd they are gathered into a spare buffer kept beside it, ``spare_<name>`` (the two then swap
+    roles; into its front when finished sentences shrink the batch): a step allocates no state-sized memory (which
+    the system would zero page by page) and the state alternates between two places (step_graphs)."""
     rows = new_order.numel()
     for name in names:
         state, spare = buffer[name], buffer.pop("spare_" + name, None)
