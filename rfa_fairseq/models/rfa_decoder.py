@@ -82,8 +82,17 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         # set by the model's builder: <sep>'s indexes (--sentence-index), --cross-sentence-window
         self.sentence_separator = self.source_separator = None
         self.cross_sentence_window = -1
+        self._stateful = None  # the modules that keep decoding state (reorder_incremental_state_scripting)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
+
+    def reorder_incremental_state_scripting(self, incremental_state, new_order):
+        """fairseq's beam-search reorder, over the modules that keep decoding state, listed once (fairseq's walks
+        every module at every step)."""
+        if self._stateful is None:
+            self._stateful = [m for m in self.modules() if hasattr(m, "reorder_incremental_state")]
+        for module in self._stateful:
+            incremental_state = module.reorder_incremental_state(incremental_state, new_order) or incremental_state
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                                     full_context_alignment: bool = False, alignment_layer=None,

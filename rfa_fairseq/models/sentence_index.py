@@ -3,6 +3,7 @@ added to its input, so that cross attention can find the source sentence the dec
 number counts the separators before it; a target input's counts those written up to and including it (after a
 ``<sep>`` the decoder writes the next sentence). The embedding is fairseq's sinusoids at that number less their value
 at 0: sentence 0, and text without separators, gets nothing (a model trained on sentences is unchanged by the flag)."""
+import functools
 import math
 
 import torch
@@ -19,11 +20,14 @@ def separator_index(dictionary, side: str) -> int:
     return index
 
 
+@functools.lru_cache(maxsize=None)
+def _frequencies(half: int, device: torch.device) -> Tensor:
+    return torch.exp(torch.arange(half, device=device) * -(math.log(10000.0) / max(half - 1, 1)))
+
+
 def sentence_embedding(index: Tensor, dim: int) -> Tensor:
     """Sentence numbers ``[...]`` to ``[..., dim]`` float32 (fairseq's sinusoidal layout: sines, then cosines)."""
-    half = dim // 2
-    freq = torch.exp(torch.arange(half, device=index.device) * -(math.log(10000.0) / max(half - 1, 1)))
-    angle = index.unsqueeze(-1).float() * freq
+    angle = index.unsqueeze(-1).float() * _frequencies(dim // 2, index.device)
     return nn.functional.pad(torch.cat([angle.sin(), angle.cos() - 1], -1), (0, dim % 2))
 
 

@@ -129,11 +129,20 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), (state if output_final_state else None)
 
     def _step(self, x: Tensor, key_padding_mask: Optional[Tensor], state) -> Tuple[Tensor, Tensor]:
-        """One token ``x [1, B, C]``: ``out [B, H, K]`` and the state, advanced in place without autograd (the
-        state was made by this module: a step, the chunked form or a reorder)."""
-        q, k, v, log_g = (None if t is None else t.select(2, 0) for t in self._inputs(x, key_padding_mask))
-        return recurrent_causal_rfa_step(q, k, v, log_g, state, eps=self.eps, convex=self.convex,
-                                         inplace=not torch.is_grad_enabled())
+        """One token ``x [1, B, C]``: ``out [B, C]`` (the heads side by side) and the state, advanced in place without
+        autograd (the state was made by this module: a step, the chunked form or a reorder). What :meth:`_inputs`
+        does, for one token in fewer operators (a step's time is their number): no time axis, no permutes."""
+        B, C, H, K = x.size(1), self.embed_dim, self.num_heads, self.head_dim
+        y = self.in_proj(x[0])  # [B, 3C (+ H)]
+        q, k = self.feature_map(y[:, :2 * C].view(B, 2, H, 1, K)).squeeze(-2).unbind(1)  # [B, H, F] each
+        log_g = F.logsigmoid(y[:, 3 * C:].to(compute_dtype(y))) if self.gated else None  # [B, H]
+        if key_padding_mask is not None:  # [B, 1]: a pad neither writes nor decays
+            pad = key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask.bool()
+            k = k.masked_fill(pad[:, :, None], 0.0)
+            log_g = None if log_g is None else log_g.masked_fill(pad, 0.0)
+        out, state = recurrent_causal_rfa_step(q, k, y[:, 2 * C:3 * C].view(B, H, K), log_g, state, eps=self.eps,
+                                               convex=self.convex, inplace=not torch.is_grad_enabled())
+        return out.view(B, C), state
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
@@ -153,9 +162,9 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             return self.out_proj(merge_heads(self._tokens(query, key_padding_mask)[0])), None
         buffer = self._get_input_buffer(incremental_state)
         state = buffer.get("state")
-        if T == 1:  # a decoding step: [B, H, K] is [1, B, C] by a view
+        if T == 1:  # a decoding step
             out, state = self._step(query, key_padding_mask, state)
-            out = out.view(query.shape)
+            out = out[None]
         else:
             out, state = self._tokens(query, key_padding_mask, state, True)
             out = merge_heads(out)

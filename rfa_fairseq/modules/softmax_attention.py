@@ -2,7 +2,7 @@
 per sentence, not per beam; with a :class:`SentenceWindow` it reads only the source sentences near the one being
 written (``--cross-sentence-window``)."""
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from fairseq.modules import MultiheadAttention
@@ -14,10 +14,12 @@ from ..ops.sentence_window import window_mask, window_spans
 @dataclass
 class SentenceWindow:
     """What the decoder passes its layers for cross attention in place of the source's padding mask: sentence numbers
-    of the source ``[B, Ts]`` (-1: pads; None after the first decoding step) and of the target inputs ``[B, Tt]``."""
+    of the source ``[B, Ts]`` (-1: pads; None after the first decoding step) and of the target inputs ``[B, Tt]``.
+    A decoding step's first layer leaves in ``gather`` what every layer's gather reads (the same windows)."""
     source: Optional[Tensor]
     target: Tensor
     width: int
+    gather: Optional[Tuple[Tensor, ...]] = None
 
 
 class SoftmaxCrossAttention(MultiheadAttention):
@@ -56,28 +58,40 @@ class SoftmaxCrossAttention(MultiheadAttention):
             return self.out_proj(out.reshape(T, B, H * K)), (
                 weights if need_head_weights or weights is None else weights.mean(0))
         cache = self._get_input_buffer(incremental_state)
-        if "window_keys" not in cache:  # the first step: one copy per source (a beam's rows are copies of one row)
+        if "window_kv" not in cache:  # the first step: one copy per source (a beam's rows are copies of one row)
             if window.source is None:
                 raise ValueError("SentenceWindow: the first decoding step needs the source's sentence numbers")
             beam = self.beam_size if self.beam_size > 1 and key.size(1) == B else 1
             key = key.view(key.size(0), -1, beam, key.size(2))[:, :, 0]
-            for name, proj in (("window_keys", self.k_proj), ("window_values", self.v_proj)):
-                cache[name] = proj(key).view(key.size(0), -1, H, K).permute(1, 2, 0, 3).contiguous()
+            kv = torch.cat([proj(key).view(key.size(0), -1, H, K) for proj in (self.k_proj, self.v_proj)], -1)
+            cache["window_kv"] = kv.permute(1, 2, 0, 3).contiguous()  # [S, H, Ts, 2K]: keys | values
             cache["window_spans"], width = window_spans(window.source[::beam], window.width)
             cache["window_offsets"] = torch.arange(width, device=key.device).repeat(key.size(1), 1)
             self._set_input_buffer(incremental_state, cache)
-        spans, offsets, Ts = cache["window_spans"], cache["window_offsets"][0], cache["window_keys"].size(2)
-        source = torch.arange(B, device=query.device) // (B // spans.size(0))  # each row's source
-        first, end = spans[source, window.target[:, -1].clamp(max=spans.size(1) - 1)].unbind(-1)
-        at = first.clamp(max=Ts - offsets.numel())[:, None] + offsets  # [B, W]: the window, then what follows
-        valid = (at >= first[:, None]) & (at < end[:, None])
-        rows = ((source[:, None] * H + torch.arange(H, device=query.device)) * Ts)[:, :, None] + at[:, None]
-        keys, values = (cache[name].view(-1, K).index_select(0, rows.flatten()).view(B * H, -1, K)
-                        for name in ("window_keys", "window_values"))
-        scores = torch.bmm(keys, q.view(B * H, K, 1)).view(B, H, -1).masked_fill(~valid[:, None], float("-inf"))
+        if window.gather is None:
+            window.gather = self._window_rows(cache, window.target[:, -1])
+        rows, bias, at, valid = window.gather
+        kv = cache["window_kv"].view(-1, 2 * K).index_select(0, rows).view(B * H, -1, 2 * K)
+        scores = torch.baddbmm(bias, q.view(B * H, 1, K), kv[..., :K].transpose(1, 2))  # [B H, 1, W]
         probs = torch.softmax(scores.float(), -1).type_as(scores)
-        out = self.out_proj(torch.bmm(probs.view(B * H, 1, -1), values).view(1, B, H * K))
+        out = self.out_proj(torch.bmm(probs, kv[..., K:]).view(1, B, H * K))
         if not (need_weights or need_head_weights):
             return out, None
-        weights = probs.new_zeros(B, H, Ts).scatter_add_(2, at[:, None].expand(-1, H, -1), probs * valid[:, None])
+        probs = probs.view(B, H, -1) * valid[:, None]
+        weights = probs.new_zeros(B, H, cache["window_kv"].size(2)).scatter_add_(2, at[:, None].expand(-1, H, -1), probs)
         return out, weights.transpose(0, 1)[:, :, None] if need_head_weights else weights.mean(1)[:, None]
+
+    def _window_rows(self, cache, target: Tensor) -> Tuple[Tensor, ...]:
+        """For a step's rows' sentence numbers ``target [B]``: the rows of the cached ``[S H Ts, 2K]`` keys and
+        values that each row and head reads (``[B H W]``: the window, then what follows it up to the widest window's
+        length W), the scores' bias ``[B H, 1, W]`` (-inf past the window), and the positions ``at [B, W]`` and
+        their validity, for the weights."""
+        spans, offsets, Ts = cache["window_spans"], cache["window_offsets"][0], cache["window_kv"].size(2)
+        B, H, device = target.size(0), self.num_heads, target.device
+        source = torch.arange(B, device=device) // (B // spans.size(0))  # each row's source
+        first, end = spans[source, target.clamp(max=spans.size(1) - 1)].unbind(-1)
+        at = first.clamp(max=Ts - offsets.numel())[:, None] + offsets  # [B, W]
+        valid = (at >= first[:, None]) & (at < end[:, None])
+        rows = ((source[:, None] * H + torch.arange(H, device=device)) * Ts)[:, :, None] + at[:, None]
+        bias = torch.zeros(B, H, 1, at.size(1), device=device).masked_fill_(~valid[:, None, None], float("-inf"))
+        return rows.flatten(), bias.view(B * H, 1, -1), at, valid

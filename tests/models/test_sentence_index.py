@@ -104,7 +104,7 @@ def test_the_windowed_decoding_state_does_not_grow_with_the_document(documents_m
                 if t + 1 in (8, 64, 512):
                     sizes.append({(k, f): v.shape for k, fields in state.items() for f, v in fields.items()
                                   if isinstance(v, torch.Tensor)})
-        assert sizes[0] == sizes[1] == sizes[2] and any(f == "window_keys" for _, f in sizes[0])
+        assert sizes[0] == sizes[1] == sizes[2] and any(f == "window_kv" for _, f in sizes[0])
 
 
 @pytest.mark.parametrize("extra", [pytest.param([], id="index"), pytest.param(WINDOW, id="window")])

@@ -63,4 +63,4 @@ def test_steps_and_beam_reorders_equal_the_full_pass():
                 ours.reorder_incremental_state(state, orders[t])
                 live = live[orders[t].view(-1, 2)[:, 0] // 2]
     cache = ours._get_input_buffer(state)
-    assert narrowed and cache["window_keys"].shape == (1, 4, 10, 8) and cache["window_spans"].shape == (1, 5, 2)
+    assert narrowed and cache["window_kv"].shape == (1, 4, 10, 16) and cache["window_spans"].shape == (1, 5, 2)
