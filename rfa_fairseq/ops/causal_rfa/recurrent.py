@@ -61,9 +61,10 @@ def recurrent_causal_rfa_step(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[T
     acc = compute_dtype(q)
     decay, v1 = gate_weights(v, log_g, acc, convex)
     state = advance(state, decay, as_dtype(k, acc), v1, inplace)
-    o = torch.matmul(as_dtype(q, acc).unsqueeze(-2), state).squeeze(-2)  # [B, H, K + 1]: numerator | denominator
+    B, H, Fd = q.shape
     K = v.size(-1)
-    return guarded_ratio(o.narrow(-1, 0, K), o.select(-1, K), eps, v.dtype), state
+    o = torch.bmm(as_dtype(q, acc).reshape(B * H, 1, Fd), state.reshape(B * H, Fd, K + 1)).view(B, H, K + 1)
+    return guarded_ratio(o[..., :K], o[..., K], eps, v.dtype), state  # numerator / denominator
 
 
 @exact_dtypes
