@@ -236,7 +236,7 @@ def decode_checkpoint(model, argv, args, do_profile):
     """One model's run (in a fresh process): translation as fairseq-generate does; LMs, ``--lengths`` tokens a prompt."""
     from fairseq import checkpoint_utils, options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-    (path, ct2, int8), lm = model, args.task == "language_modeling"
+    (path, ct2, forms), lm = model, args.task == "language_modeling"
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv + ["--path", path]))
     utils.import_user_module(cfg.common)
     utils.set_torch_seed(cfg.common.seed)
@@ -266,8 +266,11 @@ def decode_checkpoint(model, argv, args, do_profile):
         task.load_dataset(split, task_cfg=saved.task)
         net = models[0].cuda() if cuda else models[0]
         net.prepare_for_inference_(cfg)
-        if int8:
-            to_decoding_form_(net, int8=True, cuda_graphs=False)
+        to_decoding_form_(net, int8="int8" in forms, cuda_graphs=False)
+        if "compile" in forms:  # Inductor's C++ wrapper; freezing takes the int8 layers' packed weights in
+            torch._inductor.config.cpp_wrapper = torch._inductor.config.freezing = True
+            step = torch.compile(net.decoder.forward_step)
+            net.decoder.forward_step = lambda tokens, *a: step(tokens.contiguous(), *a)  # its stride changes every step
         limit = utils.resolve_max_positions(task.max_positions(), net.max_positions())
         generator, generators = task.build_generator([net], g), {}
         for n in args.lengths if lm else ():
@@ -291,7 +294,8 @@ def decode_checkpoint(model, argv, args, do_profile):
     batches = [utils.move_to_cuda(b) if cuda else b for b in batches[:args.max_batches]]
     parts, device = [], "cuda" if cuda else "cpu"  # (length or None, seconds, peak, outputs by id, growth)
     with torch.no_grad():
-        if not lm:  # a warm-up batch, untimed: one-time costs would otherwise land in the first batch's bucket
+        if not lm and "compile" not in forms:  # an untimed warm-up batch: one-time costs would land in the first bucket
+            # (a compiled step's compiling is counted there)
             translate(batches[0])
         for n in sorted(args.lengths) if lm else [None]:
             for i, b in enumerate(batches):
@@ -337,21 +341,21 @@ def checkpoint(args):
             converted[path] = convert_for_ctranslate2(path, args.data, os.path.join(tmp, str(len(converted))), args.source_lang,
                                                       args.target_lang, max_positions=args.positions, user_dir=args.user_dir)
         for rep in range(args.repeats):
-            for name, path, ct2, int8 in args.model if rep % 2 == 0 else args.model[::-1]:
+            for name, path, ct2, forms in args.model if rep % 2 == 0 else args.model[::-1]:
                 with spawn.Pool(1) as pool:
-                    got = pool.apply(decode_checkpoint, ((converted.get(path, path) if ct2 else path, ct2, int8), argv, args,
+                    got = pool.apply(decode_checkpoint, ((converted.get(path, path) if ct2 else path, ct2, forms), argv, args,
                                                            args.profile and rep == 0))
                 runs[name].append(got)
                 for r in got:
                     print(f"{name} {r.get('length', '')}: {r['sentences']} sentences, {r['tokens']} tokens in {r['seconds']:.1f} s, "
                           f"peak {harness.mib(r['peak_bytes'])} MiB", file=sys.stderr)
     rows, pick = [], statistics.median_low if args.statistic == "median" else min
-    for name, path, ct2, int8 in args.model:
+    for name, path, ct2, forms in args.model:
         for j, same in enumerate(zip(*runs[name])):
             times = [r["seconds"] for r in same]
             most = {k: max((r[k] for r in same if r[k] is not None), default=None) for k in ("peak_bytes", "decode_bytes")}
             row = dict(next(r for r in same if r["seconds"] == pick(times)), model=name, checkpoint=path, runs=len(times),
-                       times=times, **most, engine=f"ctranslate2 {ct2}" if ct2 else "fairseq int8" if int8 else "fairseq")
+                       times=times, **most, engine=f"ctranslate2 {ct2}" if ct2 else " ".join(("fairseq",) + forms))
             row.update(tokens_per_s=row["tokens"] / row["seconds"], sentences_per_s=row["sentences"] / row["seconds"])
             row.update(next(({"profile": r["profile"]} for r in same if "profile" in r), {}))
             first = runs[args.model[0][0]][0][j]  # outputs identical to the first model's (its first run), sentence by sentence
@@ -368,13 +372,16 @@ def checkpoint(args):
 
 def model_spec(text):
     name, _, where = text.partition("=")
-    int8 = where.startswith("int8:")
-    path, ct2 = where[4:].rpartition(":")[::2] if where.startswith("ct2:") else (where[5 * int8:], None)
+    forms = ()  # int8: --int8-inference; compile: torch.compile of the decoding step
+    while not where.startswith("ct2:") and where.partition(":")[0] in ("int8", "compile"):
+        form, _, where = where.partition(":")
+        forms += (form,)
+    path, ct2 = where[4:].rpartition(":")[::2] if where.startswith("ct2:") else (where, None)
     if not name or ct2 not in (None,) + CT2_TYPES or not (os.path.isfile(path) or ct2 and os.path.isfile(f"{path}/model.bin")):
-        raise argparse.ArgumentTypeError(f"wants NAME=CHECKPOINT (an existing fairseq checkpoint), NAME=int8:CHECKPOINT or "
+        raise argparse.ArgumentTypeError(f"wants NAME=CHECKPOINT (an existing fairseq checkpoint), NAME=[int8:][compile:]CHECKPOINT or "
                                          f"NAME=ct2:PATH:COMPUTE_TYPE (PATH: a CTranslate2 model folder or a softmax checkpoint; "
                                          f"COMPUTE_TYPE: {', '.join(CT2_TYPES)}), got {text!r}")
-    return name, path, ct2, int8
+    return name, path, ct2, forms
 
 
 def parse_args(argv=None):
@@ -397,7 +404,7 @@ def parse_args(argv=None):
                    "(each length), the output forced, both with a <sep> every N tokens")
     c = modes.add_parser("checkpoint", help="trained checkpoints on a binarised split; fairseq-generate flags after --")
     c.add_argument("data", help="fairseq data-bin folder")
-    c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=[int8:]CHECKPOINT|NAME=ct2:PATH:TYPE",
+    c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=[int8:][compile:]CHECKPOINT|NAME=ct2:PATH:TYPE",
                    help="repeatable; the first is the reference of the ratios")
     c.add_argument("--task", choices=["translation", "language_modeling"], default="translation")
     c.add_argument("--source-lang"), c.add_argument("--target-lang")
@@ -440,7 +447,7 @@ def main(argv=None):
     rows = synthetic(args) if args.mode == "synthetic" else checkpoint(args)
     meta = dict(reference=rows[0]["model"], args={k: v for k, v in vars(args).items() if k != "model"})
     if args.mode == "checkpoint":
-        meta.update(models={n: f"ct2:{p}:{t}" if t else f"int8:{p}" if q else p for n, p, t, q in args.model},
+        meta.update(models={n: f"ct2:{p}:{t}" if t else "".join(f + ":" for f in q) + p for n, p, t, q in args.model},
                     generate_flags=args.generate_flags, memory=rows[0]["memory"])
     return harness.save(args, argv, f"decode-{args.mode}", rows, **meta)
 

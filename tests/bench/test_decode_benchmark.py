@@ -255,3 +255,8 @@ def test_documents_mode_reads_documents_whose_source_grows_with_the_output():
     assert all_40 - source_40 == all_10 - source_10 > 0 and source_40 > source_10 > 0  # the rest: the RFA state
     (all_10, source_10), (all_40, source_40) = state[("softmax_sentidx", 10)], state[("softmax_sentidx", 40)]
     assert all_40 - source_40 > all_10 - source_10 > 0  # softmax's own cache grows
+
+
+def test_a_checkpoint_specs_forms_are_read_in_any_order():
+    assert decode.model_spec(f"a=int8:compile:{__file__}") == ("a", __file__, None, ("int8", "compile"))
+    assert decode.model_spec(f"a=compile:{__file__}")[3] == ("compile",) and decode.model_spec(f"a={__file__}")[3] == ()
