@@ -144,8 +144,7 @@ def gaussian_step_features(x: Tensor, projection: Tensor, phase: Tensor) -> Tens
     """``feature_map("gaussian", x, sigma, random_matrix)`` for ``x [..., H, T, K]`` from :func:`gaussian_step_weights`:
     ``[..., H, T, 2 D]`` in the dtype of ``projection``, in a third fewer operators (what a decoding step's time is)."""
     *lead, H, T, K = x.shape
-    rows = as_dtype(x, projection.dtype).movedim(-3, 0).reshape(H, -1, K)
-    # the rows' norms divide the projections (l2_normalize after the product: one pass fewer), the phases added in it
-    phi = torch.addcdiv(phase, torch.bmm(rows, projection), rows.norm(dim=-1, keepdim=True).add_(NORM_EPS))
-    phi = phi.sin_().mul_((projection.size(-1) // 2) ** -0.5)  # D^-1/2
+    rows = l2_normalize(as_dtype(x, projection.dtype)).movedim(-3, 0).reshape(H, -1, K)
+    # bmm then add_, not baddbmm: baddbmm copies the broadcast phases into its output first
+    phi = torch.bmm(rows, projection).add_(phase).sin_().mul_((projection.size(-1) // 2) ** -0.5)  # D^-1/2
     return phi.view(H, *lead, T, -1).movedim(0, -3)
