@@ -44,7 +44,7 @@ class SoftmaxCrossAttention(MultiheadAttention):
     def _windowed(self, query: Tensor, key: Tensor, window: SentenceWindow, incremental_state, need_weights: bool,
                   need_head_weights: bool):
         """``query [Tt, B, C]`` reads ``key [Ts, B, C]`` in its window: a full pass masks; a decoding step gathers
-        the window's W keys and values, one copy per source cached in the first step (``[S, H, Ts, K]``)."""
+        the window's W keys and values, one copy per source cached in the first step (``[S, H, Ts, 2K]``)."""
         T, B, H, K = query.size(0), query.size(1), self.num_heads, self.head_dim
         q = (self.q_proj(query) * self.scaling).view(T, B, H, K)
         if incremental_state is None:
