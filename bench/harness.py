@@ -186,8 +186,13 @@ def save(parsed, argv, bench, rows, **meta):  # rows (returned) and the meta as 
     name = torch.cuda.get_device_name() if parsed.device == "cuda" else platform.processor() or "cpu"
     if parsed.device == "cpu" and os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
-            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
-        name += f" ({os.cpu_count()} cores)"
+            lines = f.read().splitlines()
+        name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), name)
+        flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+        # what sets int8's gain: AVX-512 (VNNI), AMX or AVX2 alone
+        simd = sorted(f for f in flags if f.startswith(("avx512f", "avx512_vnni", "avx512vnni", "amx", "avx_vnni"))
+                      or f == "avx2")
+        name += f" ({os.cpu_count()} cores; {' '.join(simd) or 'no AVX2'})"
     command = [bench.split("-")[0] + ".py"] + (sys.argv[1:] if argv is None else list(argv))
     meta = {"device": name, "device_kind": parsed.device, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(command),

@@ -33,6 +33,7 @@ try:
     m.version("rfa_fairseq")
     m.version("ctranslate2")  # optional, below: where it cannot install, setup runs its install steps every time
     m.version("fla-core")  # optional too
+    m.version("onnxruntime")  # optional too (--onnx-runtime)
     print(m.version("fairseq-fixed"))
 except Exception:
     pass
@@ -60,6 +61,8 @@ pip_install "hydra-core==1.3.2" "omegaconf==2.3.0" regex sacrebleu sacremoses tq
 pip_install --no-build-isolation --no-deps -e .
 # optional, pinned as setup.py's "bench" extra: CTranslate2 for bench/decode.py (tests skip its cases without it)
 pip_install "ctranslate2==4.8.5" || echo "[setup] warning: ctranslate2 4.8.5 did not install; bench/decode.py runs without it"
+# optional, pinned as setup.py's "onnx" extra: ONNX Runtime and the exporter's onnxscript for --onnx-runtime
+pip_install "onnxruntime==1.31.0" "onnxscript==0.7.2" "onnx==1.23.2" || echo "[setup] warning: onnxruntime did not install; --onnx-runtime decodes eagerly"
 # optional, pinned as setup.py's "gpu" extra: fla-core's kernels for --rfa-backend fla (the tests run them in
 # Triton's interpreter on a CPU); a triton that came with a CUDA torch is kept
 "$PY" -c "import triton" 2>/dev/null || pip_install "triton==3.7.1" || echo "[setup] warning: triton did not install"

@@ -83,16 +83,21 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         self.sentence_separator = self.source_separator = None
         self.cross_sentence_window = -1
         self._stateful = None  # the modules that keep decoding state (reorder_incremental_state_scripting)
+        # what runs the decoding steps after the first, set by rfa_fairseq.inference: StepGraphs (--cuda-graphs) or
+        # OnnxStep (--onnx-runtime), which may defer the causal layers' beam reorders into the next step
+        self.step_engine = None
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
 
     def reorder_incremental_state_scripting(self, incremental_state, new_order):
         """fairseq's beam-search reorder, over the modules that keep decoding state, listed once (fairseq's walks
-        every module at every step)."""
+        every module at every step); those whose reorder the step engine defers into the next step excepted."""
         if self._stateful is None:
             self._stateful = [m for m in self.modules() if hasattr(m, "reorder_incremental_state")]
+        engine = self.step_engine
         for module in self._stateful:
-            incremental_state = module.reorder_incremental_state(incremental_state, new_order) or incremental_state
+            if engine is None or not engine.defer(module, incremental_state, new_order):
+                incremental_state = module.reorder_incremental_state(incremental_state, new_order) or incremental_state
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                                     full_context_alignment: bool = False, alignment_layer=None,
@@ -131,7 +136,6 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                  output_projection=None, cross_attention: str = "rfa", decoding_attention: bool = False):
         self.rfa, self.cross_attention = rfa, cross_attention
         self._layers_built = 0
-        self.step_graphs = None  # rfa_fairseq.step_graphs.StepGraphs, set by rfa_fairseq.inference (--cuda-graphs)
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection, decoding_attention=decoding_attention)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
@@ -146,18 +150,20 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         """fairseq's forward; with ``stream_state`` (a stateful LM: a dict in fairseq's incremental-state layout,
         ``{}`` at a stream's start), ``prev_output_tokens [B, T]`` is the next block of B text streams: every causal
         RFA layer continues its state there (not detached), positions restart at the block. A decoding step after
-        the first that asks only for the output is :meth:`forward_step` (replayed as a CUDA graph by step_graphs)."""
+        the first that asks only for the output is :meth:`forward_step` (or the step engine's, which runs it)."""
         if stream_state is None:
             if incremental_state and not (features_only or kwargs or self.decoding_attention):
                 tokens, position = prev_output_tokens[:, -1:], self._position_index(prev_output_tokens)
                 sentence = None if self.sentence_separator is None else prev_output_tokens.eq(
                     self.sentence_separator).sum(1)
-                out = None if self.step_graphs is None else self.step_graphs(tokens, position, encoder_out,
+                out = None if self.step_engine is None else self.step_engine(tokens, position, encoder_out,
                                                                              incremental_state, sentence)
                 if out is None:
                     out = self.forward_step(tokens, torch.full((1,), position, device=tokens.device), encoder_out,
                                             incremental_state, sentence)
                 return out, {"attn": [None], "inner_states": None}
+            if incremental_state and self.step_engine is not None:
+                self.step_engine.flush(incremental_state)
             return super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)
         if incremental_state is not None or encoder_out is not None or kwargs.get("return_all_hiddens"):
             raise ValueError("stream_state continues text streams in a language model: it takes neither an "

@@ -145,7 +145,7 @@ def test_beam_search_replayed_as_cuda_graphs_equals_eager(translation_model, ext
         eager = gen.forward(sample)
         if DEVICE.type != "cuda":
             emulate_cuda_graphs(monkeypatch)
-        model.decoder.step_graphs = graphs = StepGraphs(model.decoder)
+        model.decoder.step_engine = graphs = StepGraphs(model.decoder)
         graphed = gen.forward(sample)
     assert len(graphs.graphs) >= 2
     for nbest_e, nbest_g in zip(eager, graphed, strict=True):

@@ -123,11 +123,11 @@ def test_graphed_beam_search_equals_eager_and_the_full_pass(documents_model, mon
     gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30, min_len=10)
     with torch.no_grad():
         eager = gen.forward(sample)
-        model.decoder.step_graphs = StepGraphs(model.decoder)
+        model.decoder.step_engine = StepGraphs(model.decoder)
         graphed = gen.forward(sample)
     assert any((h["tokens"] == sep).sum() > 1 for nbest in eager for h in nbest)
     assert len({len(h["tokens"]) for nbest in eager for h in nbest}) > 1  # sentences finish at different steps
-    assert model.decoder.step_graphs.graphs
+    assert model.decoder.step_engine.graphs
     eos = task.target_dictionary.eos()
     with torch.no_grad():
         for row, nbest in enumerate(eager):

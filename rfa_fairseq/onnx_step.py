@@ -1,0 +1,289 @@
+"""Decoding steps run by ONNX Runtime (``--onnx-runtime``).
+
+A decoding step of a small batch is hundreds of small operators, and on the CPU its time is their dispatch, not their
+arithmetic. RFA's step has fixed-size inputs and state, so it is a pure function: (last tokens, position, sentence
+numbers, beam parents, the layers' decoding states) -> (scores, the causal states advanced). :class:`OnnxStep` exports
+that function from the model's own :meth:`RFATransformerDecoder.forward_step` (``torch.onnx.export``, dynamic in the
+rows, the sources, their length, sentences and windows), runs it with ONNX Runtime on the tensors where they lie (I/O
+binding) and writes the advanced states into the buffers beside them (``spare_state``: the two alternate).
+
+The beam reorder is folded into the step: the decoder hands each causal layer's ``new_order`` to :meth:`defer`, and the
+next step gathers the parents' rows as it reads the state (one read, one write), where the eager path gathers into the
+spare buffer first. A step the engine does not run (the first, a layout it cannot export) runs eagerly after the
+deferred reorders are applied (:meth:`flush`). The exported graph (and, with ``int8``, ONNX Runtime's dynamic int8
+quantization of its matrix products) is cached on disk by a hash of the weights and the layout, so a second process
+loads it instead of exporting again.
+"""
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .modules import CausalRFAttention
+
+logger = logging.getLogger(__name__)
+
+# Per decoding-state field, its dynamic axes: rows (R: this step's), P (the previous step's rows, the causal state's),
+# S (sources), T (the source's length), J (sentences), W (the widest window).
+AXES = {"state": {0: "P"}, "prev_key": {0: "S", 2: "T"}, "prev_value": {0: "S", 2: "T"},
+        "prev_key_padding_mask": {0: "S", 1: "T"}, "window_kv": {0: "S", 2: "T"}, "window_spans": {0: "S", 1: "J"},
+        "window_offsets": {0: "S", 1: "W"}, "k": {0: "S", 2: "T"}, "v": {0: "S", 2: "T"},
+        "key_padding_mask": {0: "S", 1: "T"}}
+SOURCE_STATE = {0: "S"}  # a cross attention's fixed-size state (CrossRFAttention's [S, H, F, K + 1])
+EXAMPLE = {"S": 3, "T": 37, "J": 7, "W": 11}  # sizes to trace at, none 0 or 1 (which torch.export specializes)
+
+
+def available() -> bool:
+    try:
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RFA_ONNX_CACHE") or Path.home() / ".cache" / "rfa_fairseq" / "onnx")
+
+
+class StepFunction(nn.Module):
+    """:meth:`forward_step` as a function of tensors: ``tokens [R, 1]``, ``position [1]``, ``parents [R]`` (each
+    row's row in the previous step's causal states), ``sentence [R]`` (with ``--sentence-index``), then the decoding
+    state's tensors in ``layout``'s order; returns the scores ``[R, 1, V]`` and the causal states advanced."""
+
+    def __init__(self, decoder: nn.Module, layout: List[Tuple[str, str, bool]], sentence: bool, source: bool):
+        super().__init__()
+        self.decoder, self.layout, self.sentence, self.source = decoder, layout, sentence, source
+
+    def forward(self, tokens: Tensor, position: Tensor, parents: Tensor, *tensors: Tensor):
+        sentence = tensors[0] if self.sentence else None
+        state: Dict[str, Dict[str, Tensor]] = {}
+        for (key, name, causal), t in zip(self.layout, tensors[self.sentence:]):
+            state.setdefault(key, {})[name] = t.index_select(0, parents) if causal else t
+        # cross attention reads its cache; the encoder output only tells fairseq's layer to run it
+        enc = {"encoder_out": [tokens.new_zeros(1, 1, 1, dtype=torch.float32)]} if self.source else None
+        out = self.decoder.forward_step(tokens, position, enc, state, sentence)
+        return (out, *[state[key][name] for key, name, causal in self.layout if causal])
+
+
+class OnnxStep:
+    """The decoder's step engine (``decoder.step_engine``) that runs :class:`StepFunction` in ONNX Runtime: called as
+    :class:`StepGraphs` is, it returns the step's scores, or None where the step is to run eagerly."""
+
+    def __init__(self, decoder: nn.Module, int8: bool = False, threads: Optional[int] = None, int8_min_weights: int = 0):
+        if not hasattr(decoder, "forward_step"):
+            raise ValueError("--onnx-runtime runs RFA's fixed-size decoding step: it needs an RFA decoder "
+                             "(not --decoder-attention softmax, whose cache grows every step)")
+        if not available():
+            raise RuntimeError("--onnx-runtime needs onnxruntime and onnxscript: pip install onnxruntime onnxscript "
+                               "(or pip install rfa_fairseq[onnx])")
+        self.decoder, self.int8, self.threads, self.int8_min_weights = decoder, int8, threads, int8_min_weights
+        self.sessions: Dict[tuple, "Session"] = {}
+        self.causal = {m._incremental_state_id for m in decoder.modules() if isinstance(m, CausalRFAttention)}
+        ids = [m._incremental_state_id for m in decoder.modules() if hasattr(m, "_incremental_state_id")]
+        self.index = {uid: i for i, uid in enumerate(ids)}  # a module's place in the decoder (ids differ by process)
+        self._weights_hash = None
+
+    # the beam reorder, deferred into the next step
+    def defer(self, module: nn.Module, incremental_state, new_order: Tensor) -> bool:
+        """Keep ``new_order`` for ``module``'s state (a causal layer's) to gather in the next step; False: the module
+        reorders itself."""
+        if module._incremental_state_id not in self.causal:
+            return False
+        buffer = module._get_input_buffer(incremental_state)
+        if buffer.get("state") is not None:
+            pending = buffer.get("parents")
+            buffer["parents"] = new_order if pending is None else pending.index_select(0, new_order)
+            module._set_input_buffer(incremental_state, buffer)
+        return True
+
+    def flush(self, incremental_state):
+        """Apply the deferred reorders (before a step that runs eagerly)."""
+        for module in self.decoder.modules():
+            if isinstance(module, CausalRFAttention):
+                buffer = module._get_input_buffer(incremental_state)
+                if buffer.get("parents") is not None:
+                    module.reorder_incremental_state(incremental_state, buffer.pop("parents"))
+
+    def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state,
+                 sentence: Optional[Tensor] = None) -> Optional[Tensor]:
+        if torch.is_grad_enabled() or tokens.device.type != "cpu" or self._table_too_short(position):
+            self.flush(incremental_state)
+            return None
+        layout, tensors = self._layout(incremental_state)
+        if layout is None:
+            self.flush(incremental_state)
+            return None
+        rows, beam = tokens.size(0), max(getattr(self.decoder, "_beam_size", 1), 1)  # fairseq's set_beam_size
+        sources = [t.size(0) for (_, _, causal), t in zip(layout, tensors) if not causal]
+        if any(rows != beam * s for s in sources):  # the graph's rows are the beams of its sources
+            self.flush(incremental_state)
+            return None
+        key = (beam, sentence is not None, encoder_out is not None,
+               tuple((self.index[k.split(".")[0]], n, causal, t.dtype, t.dim()) for (k, n, causal), t in zip(layout, tensors)))
+        session = self.sessions.get(key)
+        if session is None:
+            session = self.sessions[key] = self._session(key, layout, tensors, sentence, encoder_out is not None)
+        parents, outs = [], []
+        for (k, name, causal), t in zip(layout, tensors):
+            if causal:
+                buffer = incremental_state[k]
+                pending = buffer.pop("parents", None)
+                parents.append(pending)
+                spare = buffer.get("spare_state")
+                if spare is None or spare.size(0) < rows or spare.shape[1:] != t.shape[1:] or spare.data_ptr() == t.data_ptr():
+                    spare = t.new_empty((max(rows, t.size(0)),) + t.shape[1:])
+                outs.append(spare[:rows])
+                buffer["state"], buffer["spare_state"] = spare[:rows], t
+        order = next((p for p in parents if p is not None), None)
+        order = torch.arange(rows) if order is None else order
+        inputs = [tokens.contiguous(), torch.tensor([position]), order] + ([sentence] if sentence is not None else [])
+        return session.run(inputs + [t for t in tensors], outs)
+
+    def _table_too_short(self, position: int) -> bool:
+        d = self.decoder
+        return d.embed_positions is not None and position >= d._position_table().size(0)
+
+    def _layout(self, incremental_state):
+        """The decoding state's tensors in a fixed order, with their (key, field, causal); (None, None) where a
+        field is one the engine does not know."""
+        layout, tensors = [], []
+        for key in sorted(incremental_state, key=lambda k: self.index.get(k.split(".")[0], -1)):
+            if key.split(".")[0] not in self.index:
+                continue
+            causal = key.split(".")[0] in self.causal
+            for name, t in sorted(incremental_state[key].items()):
+                if name in ("spare_state", "parents") or t is None:
+                    continue
+                if name not in AXES:
+                    logger.warning("--onnx-runtime: the decoding state's field %s is not one it knows; decoding "
+                                   "eagerly", name)
+                    return None, None
+                layout.append((key, name, causal))
+                tensors.append(t.contiguous())
+        return layout, tensors
+
+    def _session(self, key, layout, tensors, sentence, source) -> "Session":
+        int8 = f"-int8-{self.int8_min_weights}" if self.int8 else ""
+        path = cache_dir() / f"step-{self._hash(key)}{int8}.onnx"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._export(key, layout, tensors, sentence, source, path)
+        return Session(path, self.threads)
+
+    def _hash(self, key) -> str:
+        if self._weights_hash is None:
+            h = hashlib.sha256()
+            for name, t in sorted(self.decoder.state_dict().items()):
+                h.update(name.encode())
+                h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            self._weights_hash = h.hexdigest()
+        from . import __version__
+        import onnxruntime
+        text = repr((self._weights_hash, key, __version__, torch.__version__, onnxruntime.__version__))
+        return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+    def _export(self, key, layout, tensors, sentence, source, path: Path):
+        """Trace :class:`StepFunction` at example sizes (EXAMPLE; rows: 2 beams' or 5) and write the graph to
+        ``path`` (int8: quantized), through a temporary file (another process may be writing the same)."""
+        from torch.export import Dim
+        beam, source = key[0], any(not causal for _, _, causal in layout)
+        sizes = dict(EXAMPLE, R=EXAMPLE["S"] * beam, P=EXAMPLE["S"] * beam + 2)
+        dims = {name: Dim(f"rows_{name}" if name in "RP" else f"size_{name}", min=1) for name in sizes}
+        if source:  # a row is a beam of a source: R = beam S (one dim where beam is 1)
+            dims["R"] = dims["S"] * beam if beam > 1 else dims["S"]
+        step = StepFunction(self.decoder, layout, sentence is not None, source).eval()
+        args, shapes = [torch.zeros(sizes["R"], 1, dtype=torch.long), torch.tensor([2]),
+                        torch.arange(sizes["R"])], [{0: dims["R"]}, None, {0: dims["R"]}]
+        if sentence is not None:
+            args.append(torch.zeros(sizes["R"], dtype=torch.long))
+            shapes.append({0: dims["R"]})
+        for (key, name, causal), t in zip(layout, tensors):
+            axes = AXES[name] if causal or name != "state" else SOURCE_STATE
+            shape = [sizes[axes[i]] if i in axes else n for i, n in enumerate(t.shape)]
+            example = torch.zeros(shape, dtype=t.dtype)
+            if name == "window_offsets":
+                example = torch.arange(shape[1]).repeat(shape[0], 1)
+            args.append(example)
+            shapes.append({i: dims[a] for i, a in axes.items()})
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with torch.no_grad():
+            program = torch.onnx.export(step, tuple(args), dynamic_shapes=(*shapes[:3], tuple(shapes[3:])), dynamo=True, optimize=True,
+                                        verbose=False)
+        program.save(str(tmp))
+        if self.int8:
+            quantize(tmp, self.int8_min_weights)
+        tmp.replace(path)
+
+
+def quantize(path: Path, min_weights: int):
+    """The graph at ``path`` with its products by a weight matrix (2-D, at least ``min_weights`` numbers) in int8,
+    by ONNX Runtime's dynamic quantization (one scale per output column, the inputs quantized at run time). Weights in
+    uint8, as the inputs: int8 weights beside uint8 inputs saturate AVX2's 16-bit sums on CPUs without VNNI (16 times
+    the error of torch's int8 layers in the tests' model, where uint8 gives theirs). A weight
+    the graph transposes at run time (the output projection shares the embedding's) becomes a transposed copy."""
+    import onnx
+    from onnx import numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    model = onnx.load(str(path))
+    graph = model.graph
+    del graph.value_info[:]  # the exporter's intermediate shapes: the quantizer infers its own
+    weights = {w.name: w for w in graph.initializer}
+    made = {o: n for n in graph.node for o in n.output}
+    nodes = []
+    for n in graph.node:
+        if n.op_type not in ("MatMul", "Gemm"):
+            continue
+        source = made.get(n.input[1])
+        if n.op_type == "MatMul" and source is not None and source.op_type == "Transpose" and source.input[0] in weights:
+            transposed = numpy_helper.to_array(weights[source.input[0]]).T.copy()
+            graph.initializer.append(numpy_helper.from_array(transposed, n.input[1] + "_weight"))
+            weights[n.input[1] + "_weight"] = graph.initializer[-1]
+            n.input[1] = n.input[1] + "_weight"
+        w = weights.get(n.input[1])
+        if w is not None and len(w.dims) == 2 and w.dims[0] * w.dims[1] >= min_weights:
+            nodes.append(n.name)
+    onnx.save(model, str(path))
+    if nodes:  # (an empty list would quantize every product)
+        quantize_dynamic(str(path), str(path), per_channel=True, weight_type=QuantType.QUInt8, nodes_to_quantize=nodes)
+
+
+class Session:
+    """An ONNX Runtime session of a :class:`StepFunction` graph, run on torch tensors in place (I/O binding)."""
+
+    def __init__(self, path: Path, threads: Optional[int] = None):
+        import onnxruntime as ort
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.vocab = self.session.get_outputs()[0].shape[-1]
+        self.scores: Optional[Tensor] = None
+
+    def run(self, inputs: List[Tensor], states: List[Tensor]) -> Tensor:
+        """The graph on ``inputs``; the causal states advanced into ``states``; returns the scores ``[R, 1, V]`` (a
+        buffer the next call overwrites)."""
+        rows = inputs[0].size(0)
+        if self.scores is None or self.scores.size(0) < rows:
+            self.scores = torch.empty(rows, 1, self.vocab)
+        scores = self.scores[:rows]
+        binding = self.session.io_binding()
+        for name, t in zip(self.inputs, inputs):
+            bind(binding.bind_input, name, t)
+        for name, t in zip(self.outputs, [scores] + states):
+            bind(binding.bind_output, name, t)
+        self.session.run_with_iobinding(binding)
+        return scores
+
+
+def bind(method, name: str, t: Tensor):
+    import numpy as np
+    dtype = {torch.float32: np.float32, torch.int64: np.int64, torch.bool: np.bool_}[t.dtype]
+    method(name, "cpu", 0, dtype, list(t.shape), t.data_ptr())
