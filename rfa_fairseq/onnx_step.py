@@ -84,8 +84,10 @@ class OnnxStep:
         self.decoder, self.int8, self.threads, self.int8_min_weights = decoder, int8, threads, int8_min_weights
         self.sessions: Dict[tuple, "Session"] = {}
         self.causal = {m._incremental_state_id for m in decoder.modules() if isinstance(m, CausalRFAttention)}
-        ids = [m._incremental_state_id for m in decoder.modules() if hasattr(m, "_incremental_state_id")]
-        self.index = {uid: i for i, uid in enumerate(ids)}  # a module's place in the decoder (ids differ by process)
+        # the layers' modules' places in the decoder (their ids differ by process); the decoder's own state (the
+        # sentence alignment's counts) is read outside the step
+        ids = [m._incremental_state_id for m in decoder.modules() if hasattr(m, "_incremental_state_id") and m is not decoder]
+        self.index = {uid: i for i, uid in enumerate(ids)}
         self._weights_hash = None
 
     # the beam reorder, deferred into the next step
@@ -141,8 +143,8 @@ class OnnxStep:
                 buffer["state"], buffer["spare_state"] = spare[:rows], t
         order = next((p for p in parents if p is not None), None)
         order = torch.arange(rows) if order is None else order
-        inputs = [tokens.contiguous(), torch.tensor([position]), order] + ([sentence] if sentence is not None else [])
-        return session.run(inputs + [t for t in tensors], outs)
+        step = [tokens, torch.tensor([position]), order] + ([sentence] if sentence is not None else [])
+        return session.run(step, tensors, outs)
 
     def _table_too_short(self, position: int) -> bool:
         d = self.decoder
@@ -266,19 +268,33 @@ class Session:
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.vocab = self.session.get_outputs()[0].shape[-1]
         self.scores: Optional[Tensor] = None
+        self.staged: Dict[int, List[Tensor]] = {}  # rows -> the step's small inputs' buffers
+        self.bindings: Dict[tuple, object] = {}
 
-    def run(self, inputs: List[Tensor], states: List[Tensor]) -> Tensor:
-        """The graph on ``inputs``; the causal states advanced into ``states``; returns the scores ``[R, 1, V]`` (a
-        buffer the next call overwrites)."""
-        rows = inputs[0].size(0)
+    def run(self, step: List[Tensor], held: List[Tensor], states: List[Tensor]) -> Tensor:
+        """The graph on the step's small inputs ``step`` (tokens, position, parents, sentence: copied into buffers of
+        the session's) and the tensors ``held`` (the decoding state, read where it lies); the causal states advanced
+        into ``states``; returns the scores ``[R, 1, V]`` (a buffer the next call overwrites). A step's bindings are
+        kept by the addresses they bind: the states alternate between two buffers, so steps reuse two of them."""
+        rows = step[0].size(0)
         if self.scores is None or self.scores.size(0) < rows:
-            self.scores = torch.empty(rows, 1, self.vocab)
+            self.scores, self.bindings = torch.empty(rows, 1, self.vocab), {}
+        staged = self.staged.get(rows)
+        if staged is None:
+            staged = self.staged[rows] = [t.clone() for t in step]
+        for buffer, t in zip(staged, step):
+            buffer.copy_(t)
         scores = self.scores[:rows]
-        binding = self.session.io_binding()
-        for name, t in zip(self.inputs, inputs):
-            bind(binding.bind_input, name, t)
-        for name, t in zip(self.outputs, [scores] + states):
-            bind(binding.bind_output, name, t)
+        key = tuple((t.data_ptr(), t.shape) for t in [*staged, *held, *states])
+        binding = self.bindings.get(key)
+        if binding is None:
+            if len(self.bindings) > 16:  # batches of other shapes came before
+                self.bindings.clear()
+            binding = self.bindings[key] = self.session.io_binding()
+            for name, t in zip(self.inputs, [*staged, *held]):
+                bind(binding.bind_input, name, t)
+            for name, t in zip(self.outputs, [scores, *states]):
+                bind(binding.bind_output, name, t)
         self.session.run_with_iobinding(binding)
         return scores
 

@@ -94,8 +94,9 @@ class StepGraphs:
         pass
 
     def _key(self, tokens: Tensor, incremental_state) -> tuple:
+        own = self.decoder._incremental_state_id  # the decoder's own state (sentence counts) is read outside the step
         state = tuple((name, field, t.data_ptr(), t.shape, t.dtype) for name, fields in incremental_state.items()
-                      for field, t in fields.items() if t is not None)
+                      if not name.startswith(own) for field, t in fields.items() if t is not None)
         table = self.decoder._position_table() if self.decoder.embed_positions is not None else None
         return (tokens.shape, tokens.device, None if table is None else table.data_ptr(), state)
 

@@ -34,6 +34,19 @@ def translation_model(tmp_path):
 
 
 @pytest.fixture
+def documents_model(translation_model, tmp_path):
+    """factory(*extra) -> (task, model, separator) with a <sep> in both dictionaries."""
+    for lang in ("de", "en"):
+        with open(tmp_path / f"dict.{lang}.txt", "a") as f:
+            f.write("<sep> 10\n")
+
+    def make(*extra):
+        task, model = translation_model(*extra, rfa_flags=False)
+        return task, model.eval(), task.target_dictionary.index("<sep>")
+    return make
+
+
+@pytest.fixture
 def lm_model(tmp_path):
     """factory(*extra_args) -> (task, model) for a tiny rfa_transformer_lm (vocab 50)."""
     write_dict(tmp_path / "dict.txt", 46)

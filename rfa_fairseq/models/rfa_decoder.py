@@ -1,5 +1,6 @@
 """The RFA decoder of both model families (fairseq's TransformerDecoder with RFA layers: only the builders are
 overridden, and two forwards added), and the translation model's softmax decoder (``--decoder-attention softmax``)."""
+import math
 from typing import Optional
 
 import torch
@@ -17,6 +18,8 @@ from .wrapping import wrap_layer
 
 # Bump when the RFA part of the state dict changes; upgrade_state_dict_named converts old ones.
 RFA_CHECKPOINT_VERSION = 1
+# The log probability of </s> where sentence-aligned decoding forbids it: exp(-80) ~ 2e-35, still above float32's zero
+FORBIDDEN_EOS = -80.0
 
 
 class SoftmaxTransformerDecoderLayer(TransformerDecoderLayerBase):
@@ -79,9 +82,11 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None,
                  decoding_attention: bool = False):
         self.decoding_attention = decoding_attention
-        # set by the model's builder: <sep>'s indexes (--sentence-index), --cross-sentence-window
+        # set by the model's builder: <sep>'s indexes (--sentence-index), --cross-sentence-window, and whether
+        # decoding writes one sentence per source sentence (--sentence-index without --no-sentence-alignment)
         self.sentence_separator = self.source_separator = None
         self.cross_sentence_window = -1
+        self.sentence_alignment = False
         self._stateful = None  # the modules that keep decoding state (reorder_incremental_state_scripting)
         # what runs the decoding steps after the first, set by rfa_fairseq.inference: StepGraphs (--cuda-graphs) or
         # OnnxStep (--onnx-runtime), which may defer the causal layers' beam reorders into the next step
@@ -98,6 +103,45 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         for module in self._stateful:
             if engine is None or not engine.defer(module, incremental_state, new_order):
                 incremental_state = module.reorder_incremental_state(incremental_state, new_order) or incremental_state
+        last = self.get_incremental_state(incremental_state, "source_sentences")
+        if last is not None and last["last"].size(0) != new_order.numel():  # sentences left (beams share a source)
+            self.set_incremental_state(incremental_state, "source_sentences", {"last": last["last"][new_order]})
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False, **kwargs):
+        out = super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)
+        return self.align_sentences(out, prev_output_tokens, encoder_out, incremental_state)
+
+    def align_sentences(self, out, prev_output_tokens, encoder_out, incremental_state, written: Optional[Tensor] = None):
+        """Sentence-aligned decoding (``sentence_alignment``): in a decoding step, each row's separators written so
+        far (``written [B]``, or counted from ``prev_output_tokens``) against its source's; where fewer, ``</s>``
+        is forbidden (the document is not finished), else ``<sep>`` (no sentence past the source's last). The step's
+        ``out`` gets them as ``forbid_eos`` and ``forbid_sep`` ``[B]``, which :meth:`get_normalized_probs` applies
+        after normalizing (the other tokens keep the scores the full pass gives them). The source's count is kept
+        in ``incremental_state`` (``[B]``), counted once."""
+        if not self.sentence_alignment or incremental_state is None or encoder_out is None:
+            return out
+        last = self.get_incremental_state(incremental_state, "source_sentences")
+        if last is None:
+            last = {"last": encoder_out["src_tokens"][0].eq(self.source_separator).sum(1)}
+            self.set_incremental_state(incremental_state, "source_sentences", last)
+        if written is None:
+            written = prev_output_tokens.eq(self.sentence_separator).sum(1)
+        forbid_eos = written < last["last"]
+        out[1].update(forbid_eos=forbid_eos, forbid_sep=~forbid_eos)
+        return out
+
+    def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
+        """fairseq's, then the tokens a decoding step forbids (:meth:`align_sentences`): ``<sep>`` at -inf, ``</s>``
+        at FORBIDDEN_EOS (below any candidate a search keeps, yet a choice at fairseq's length limit, where every
+        other token is at -inf: a hypothesis still ends there, and sampling still has a token to draw)."""
+        probs = super().get_normalized_probs(net_output, log_probs, sample)
+        extra = net_output[1] if len(net_output) > 1 else None
+        if isinstance(extra, dict) and "forbid_eos" in extra:
+            last = probs[:, -1]
+            last[:, self.dictionary.eos()].masked_fill_(
+                extra["forbid_eos"], FORBIDDEN_EOS if log_probs else math.exp(FORBIDDEN_EOS))
+            last[:, self.sentence_separator].masked_fill_(extra["forbid_sep"], float("-inf") if log_probs else 0.0)
+        return probs
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                                     full_context_alignment: bool = False, alignment_layer=None,
@@ -161,7 +205,8 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                 if out is None:
                     out = self.forward_step(tokens, torch.full((1,), position, device=tokens.device), encoder_out,
                                             incremental_state, sentence)
-                return out, {"attn": [None], "inner_states": None}
+                return self.align_sentences((out, {"attn": [None], "inner_states": None}), prev_output_tokens,
+                                            encoder_out, incremental_state, sentence)
             if incremental_state and self.step_engine is not None:
                 self.step_engine.flush(incremental_state)
             return super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)

@@ -50,9 +50,10 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
             divisible_heads(args.encoder_embed_dim, args.encoder_attention_heads,
                             "--encoder-embed-dim", "--encoder-attention-heads")
         model = super().build_model(args, task)
+        if attention.sentence_index:
+            model.decoder.source_separator = separator_index(task.source_dictionary, "source")
         if attention.cross_sentence_window >= 0:
             model.decoder.cross_sentence_window = attention.cross_sentence_window
-            model.decoder.source_separator = separator_index(task.source_dictionary, "source")
         model.read_inference_flags(args)
         return model
 
@@ -95,6 +96,7 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
                 cross_attention=attention.cross_attention, decoding_attention=attention.decoding_attention)
         if attention.sentence_index:
             decoder.sentence_separator = separator_index(tgt_dict, "target")
+            decoder.sentence_alignment = not attention.no_sentence_alignment
             add_sentence_index(decoder.embed_positions, decoder.sentence_separator, written=True)
         return decoder
 

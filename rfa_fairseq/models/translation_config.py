@@ -44,6 +44,13 @@ class TranslationAttentionConfig(EncoderAttentionConfig):
                           "target token's input a sinusoidal embedding of its sentence's number, the target's counted "
                           "from the separators written (rfa_fairseq/models/sentence_index.py; docs/quality.md)"},
     )
+    no_sentence_alignment: bool = field(
+        default=False,
+        metadata={"help": "with --sentence-index, decoding writes one sentence per source sentence: a hypothesis "
+                          "ends only after the source's last sentence and opens none past it (fairseq-generate, "
+                          "-interactive; beam search and sampling). This flag turns that off. For a trained "
+                          "checkpoint: --model-overrides \"{'no_sentence_alignment': True}\""},
+    )
     cross_sentence_window: int = field(
         default=-1,
         metadata={"help": "with --sentence-index: softmax cross attention reads only the source sentences within K of "
@@ -76,8 +83,11 @@ def attention_config_from(args) -> TranslationAttentionConfig:
     if values["cross_attention"] == "softmax":
         refuse_changed(args, RFA_CROSS_FIELDS, "RFA cross attention",
                        "with --cross-attention softmax (the default) the cross attention is fairseq's own")
-    for name in ("decoding_attention", "sentence_index"):
+    for name in ("decoding_attention", "sentence_index", "no_sentence_alignment"):
         values[name] = bool(values[name])
+    if values["no_sentence_alignment"] and not values["sentence_index"]:
+        raise ValueError("--no-sentence-alignment turns off the sentence counts of --sentence-index's decoding: it "
+                         "does nothing without --sentence-index")
     if values["cross_sentence_window"] != -1:
         non_negative_int("--cross-sentence-window (-1: off)", values["cross_sentence_window"])
         if not values["sentence_index"] or values["cross_attention"] != "softmax":
