@@ -1,0 +1,164 @@
+"""rfa-translate-documents: translate documents of plain text with a document model (``--sentence-index``), one
+translated line per source line.
+
+    rfa-translate-documents DATA_BIN --path ckpt.pt --sentencepiece-model spm.model --documents docs.de --output docs.en
+
+The input has one sentence a line and a blank line between documents; several ``--documents`` files are read in turn,
+each with its documents (a file without blank lines is one document), and ``--output`` is then a folder that gets a
+file of each input's name. Each document is encoded as the model was trained (``scripts/make_documents.py``: the
+sentences' sentencepiece pieces joined by ``<sep>``), documents are batched by length (``--batch-size``,
+``--max-tokens``), translated with fairseq's generator (its flags: ``--beam``, ``--lenpen``, ``--max-len-a`` (default
+here 1.2), ``--max-len-b`` (10), ``--cpu``, ``--model-overrides``, ...), split at the separators and decoded back to text.
+A translated document has one sentence per source sentence (sentence-aligned decoding); where it does not (the model's
+length limit, or ``--model-overrides "{'no_sentence_alignment': True}"``) the missing lines are left empty and extra
+sentences join the document's last line, with a warning that names the document. DATA_BIN holds the dictionaries.
+"""
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import List, NamedTuple
+
+import torch
+
+logger = logging.getLogger("rfa_fairseq.translate_documents")
+SEPARATOR = "<sep>"
+
+
+class Document(NamedTuple):
+    file: int  # the input's index
+    first_line: int  # 1-based
+    sentences: List[str]
+
+
+def read_documents(paths: List[str]) -> List[List[Document]]:
+    """Each input's documents: runs of non-blank lines, one blank line between them. ValueError names an empty
+    document (an empty file, blank lines in a row, at the start or at the end) and a sentence with the separator."""
+    found = []
+    for i, path in enumerate(paths):
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        docs, start = [], 0
+        for n, line in enumerate(lines + [""], start=1):
+            if line.strip():
+                if SEPARATOR in line.split():
+                    raise ValueError(f"{path}:{n}: the sentence holds {SEPARATOR}, the documents' separator")
+                continue
+            if n - 1 == start:
+                where = "the file is empty" if not lines else (
+                    f"line {n} is blank at the start" if n == 1 else f"line {n} is blank after a blank line or at the end")
+                raise ValueError(f"{path}: an empty document ({where}): one blank line between documents, none around")
+            docs.append(Document(i, start + 1, [s.strip() for s in lines[start:n - 1]]))
+            start = n
+        found.append(docs)
+    return found
+
+
+def parse(argv=None):
+    from fairseq import options
+    parser = options.get_generation_parser(default_task="translation")
+    group = parser.add_argument_group("documents (rfa-translate-documents)")
+    group.add_argument("--documents", nargs="+", required=True, metavar="FILE",
+                       help="plain text: a sentence a line, a blank line between documents")
+    group.add_argument("--output", required=True, help="the translation (a folder with several --documents files)")
+    group.add_argument("--sentencepiece-model", required=True, help="the model's sentencepiece model (spm.model)")
+    parser.set_defaults(max_len_a=1.2, max_len_b=10)  # a document's translation is about as long as its source
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--user-dir" not in argv:
+        argv += ["--user-dir", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    return parser, options.parse_args_and_arch(parser, argv)
+
+
+def main(argv=None):
+    parser, args = parse(argv)
+    try:
+        translate(args)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+
+
+def translate(args):
+    import sentencepiece
+    from fairseq import checkpoint_utils, tasks, utils
+    from fairseq.data import data_utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from tqdm import tqdm
+
+    if not os.path.isfile(args.sentencepiece_model):
+        raise FileNotFoundError(f"--sentencepiece-model {args.sentencepiece_model}: no such file")
+    if len(args.documents) > 1 and os.path.isfile(args.output):
+        raise ValueError(f"--output {args.output}: with several --documents files, --output is a folder")
+    inputs = read_documents(args.documents)
+    cfg = convert_namespace_to_omegaconf(args)
+    utils.import_user_module(cfg.common)
+    task = tasks.setup_task(cfg.task)
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    if src_dict.index(SEPARATOR) == src_dict.unk() or tgt_dict.index(SEPARATOR) == tgt_dict.unk():
+        raise ValueError(f"the dictionaries in {cfg.task.data} have no {SEPARATOR}: translate documents with a model "
+                         "trained on documents (scripts/make_documents.py)")
+    models, _ = checkpoint_utils.load_model_ensemble(utils.split_paths(cfg.common_eval.path), task=task,
+                                                     arg_overrides=eval(cfg.common_eval.model_overrides))
+    cuda = torch.cuda.is_available() and not cfg.common.cpu
+    for model in models:
+        model.prepare_for_inference_(cfg)
+        if cuda:
+            model.cuda()
+    limit = utils.resolve_max_positions(task.max_positions(), *[m.max_positions() for m in models])[0]
+    spm = sentencepiece.SentencePieceProcessor(model_file=args.sentencepiece_model)
+    docs = [d for file_docs in inputs for d in file_docs]
+    tokens = []
+    for d in docs:
+        line = f" {SEPARATOR} ".join(" ".join(spm.encode(s, out_type=str)) for s in d.sentences)
+        tokens.append(src_dict.encode_line(line, add_if_not_exist=False, append_eos=True).long())
+        if tokens[-1].numel() > limit:
+            raise ValueError(f"{args.documents[d.file]}, the document at line {d.first_line}: {tokens[-1].numel()} source "
+                             f"tokens (subwords, separators and </s>), the model takes at most {limit}: split it")
+    generator = task.build_generator(models, cfg.generation)
+    order = sorted(range(len(docs)), key=lambda i: tokens[i].numel())
+    max_docs, max_tokens = cfg.dataset.batch_size or 8, cfg.dataset.max_tokens or 12000
+    batches, batch = [], []
+    for i in order:  # by length: the batch's longest document times its size within --max-tokens
+        if batch and (len(batch) == max_docs or tokens[i].numel() * (len(batch) + 1) > max_tokens):
+            batches.append(batch)
+            batch = []
+        batch.append(i)
+    batches.append(batch)
+    translated = [None] * len(docs)
+    with tqdm(total=len(docs), unit="doc", disable=cfg.common.no_progress_bar or len(docs) < 2, file=sys.stderr) as bar:
+        for batch in batches:
+            src = data_utils.collate_tokens([tokens[i] for i in batch], src_dict.pad(), left_pad=True)
+            sample = {"id": torch.tensor(batch), "net_input": {
+                "src_tokens": src, "src_lengths": torch.tensor([tokens[i].numel() for i in batch])}}
+            if cuda:
+                sample = utils.move_to_cuda(sample)
+            with torch.no_grad():
+                hypos = task.inference_step(generator, models, sample)
+            for i, nbest in zip(batch, hypos):
+                translated[i] = tgt_dict.string(nbest[0]["tokens"].int().cpu())
+            bar.update(len(batch))
+    misaligned = 0
+    outputs = [[] for _ in args.documents]
+    for d, text in zip(docs, translated):
+        pieces = [s.split() for s in f" {text} ".split(f" {SEPARATOR} ")]
+        sentences = [spm.decode(p) for p in pieces]
+        if len(sentences) != len(d.sentences):
+            misaligned += 1
+            logger.warning("%s, the document at line %d: %d sentences translated for %d (%s)", args.documents[d.file],
+                           d.first_line, len(sentences), len(d.sentences), "the missing lines left empty"
+                           if len(sentences) < len(d.sentences) else "the extra ones join its last line")
+            sentences = (sentences + [""] * len(d.sentences))[:len(d.sentences) - 1] + [
+                " ".join(sentences[len(d.sentences) - 1:])]
+        out = outputs[d.file]
+        if out:
+            out.append("")
+        out.extend(sentences)
+    paths = [args.output] if len(args.documents) == 1 else [os.path.join(args.output, os.path.basename(p)) for p in args.documents]
+    if len(args.documents) > 1:
+        os.makedirs(args.output, exist_ok=True)
+    for path, lines in zip(paths, outputs):
+        Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    logger.info("%d documents, %d sentences translated into %s%s", len(docs), sum(len(d.sentences) for d in docs),
+                args.output, f"; {misaligned} not sentence-aligned" if misaligned else "")
+
+
+if __name__ == "__main__":
+    main()

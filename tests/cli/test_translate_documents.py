@@ -1,0 +1,98 @@
+"""rfa-translate-documents: plain-text documents in, one translated line per source line out (blank lines where the
+input has them, every document whole), whatever the batching; each bad input stops with a message that names it."""
+import random
+
+import pytest
+import sentencepiece
+import torch
+
+from rfa_fairseq.cli.translate_documents import main, read_documents
+
+from rfa_test_utils import TINY_DECODER, TINY_ENCODER, build_from_cli
+
+WORDS = [f"word{i}" for i in range(30)]
+
+
+@pytest.fixture(scope="module")
+def document_model(tmp_path_factory):
+    """A sentencepiece model, joined dictionaries with <sep>, and a tiny document model's checkpoint (random
+    weights, the documents' setting)."""
+    d = tmp_path_factory.mktemp("docmodel")
+    rng = random.Random(0)
+    text = [" ".join(rng.choices(WORDS, k=rng.randint(3, 8))) for _ in range(300)]
+    (d / "text.txt").write_text("\n".join(text) + "\n")
+    sentencepiece.SentencePieceTrainer.train(input=str(d / "text.txt"), model_prefix=str(d / "spm"), vocab_size=60,
+                                             hard_vocab_limit=False, minloglevel=2)
+    spm = sentencepiece.SentencePieceProcessor(model_file=str(d / "spm.model"))
+    pieces = [spm.id_to_piece(i) for i in range(3, spm.get_piece_size())]
+    for lang in ("de", "en"):
+        (d / f"dict.{lang}.txt").write_text("".join(f"{p} 10\n" for p in pieces + ["<sep>"]))
+    torch.manual_seed(0)
+    _, model, args = build_from_cli(d, ["--task", "translation", "--source-lang", "de", "--target-lang", "en",
+                                        "--arch", "rfa_transformer", *TINY_ENCODER, *TINY_DECODER, "--rfa-gate",
+                                        "--cross-attention", "softmax", "--sentence-index", "--cross-sentence-window",
+                                        "1", "--max-source-positions", "128", "--max-target-positions", "256"])
+    torch.save({"args": args, "model": model.state_dict(), "optimizer_history": [{"criterion_name": "x", "optimizer_name": "x", "lr_scheduler_state": {}, "num_updates": 0}], "extra_state": {}}, d / "ckpt.pt")
+    return d
+
+
+def translate(model_dir, inputs, output, *extra):
+    main([str(model_dir), "--path", str(model_dir / "ckpt.pt"), "--sentencepiece-model", str(model_dir / "spm.model"),
+          "--source-lang", "de", "--target-lang", "en", "--beam", "2", "--cpu", "--documents", *map(str, inputs),
+          "--output", str(output), *extra])
+
+
+def _documents(path, sizes, seed=1):
+    rng = random.Random(seed)
+    docs = [[" ".join(rng.choices(WORDS, k=rng.randint(2, 6))) for _ in range(n)] for n in sizes]
+    path.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+    return docs
+
+
+def test_the_output_is_aligned_line_for_line_and_does_not_depend_on_the_batching(document_model, tmp_path):
+    _documents(tmp_path / "in.de", [3, 1, 5, 2, 4])
+    fixed = ["--max-len-a", "0", "--max-len-b", "40"]  # (fairseq's limit is otherwise the batch's widest source's)
+    translate(document_model, [tmp_path / "in.de"], tmp_path / "a.en", "--batch-size", "8", *fixed)
+    translate(document_model, [tmp_path / "in.de"], tmp_path / "b.en", "--batch-size", "1", *fixed)
+    out, source = (tmp_path / "a.en").read_text().splitlines(), (tmp_path / "in.de").read_text().splitlines()
+    assert len(out) == len(source) and all(out[i] == "" for i, line in enumerate(source) if not line)
+    assert (tmp_path / "a.en").read_text() == (tmp_path / "b.en").read_text()
+
+
+def test_several_inputs_are_one_document_each_into_a_folder(document_model, tmp_path):
+    for name, n in (("one.de", 3), ("two.de", 2)):
+        (tmp_path / name).write_text("\n".join(" ".join(WORDS[i:i + 3]) for i in range(n)) + "\n")
+    translate(document_model, [tmp_path / "one.de", tmp_path / "two.de"], tmp_path / "out")
+    assert [len((tmp_path / "out" / name).read_text().splitlines()) for name in ("one.de", "two.de")] == [3, 2]
+
+
+def test_without_the_alignment_no_sentence_is_lost(document_model, tmp_path, caplog):
+    """Decoding free to end early or write more sentences: the lines stay aligned, a warning names the documents."""
+    _documents(tmp_path / "in.de", [6, 1, 7], seed=2)
+    translate(document_model, [tmp_path / "in.de"], tmp_path / "out.en", "--model-overrides",
+              "{'no_sentence_alignment': True}", "--max-len-a", "0", "--max-len-b", "6")
+    out, source = (tmp_path / "out.en").read_text().splitlines(), (tmp_path / "in.de").read_text().splitlines()
+    assert len(out) == len(source) and all(out[i] == "" for i, line in enumerate(source) if not line)
+    assert "sentences translated for" in caplog.text
+
+
+@pytest.mark.parametrize("text,message", [
+    ("a b\n\n\nc d\n", "empty document"), ("\na b\n", "empty document"), ("", "the file is empty"),
+    ("a <sep> b\n", "holds <sep>")])
+def test_bad_documents_are_named(tmp_path, text, message):
+    (tmp_path / "in.de").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        read_documents([str(tmp_path / "in.de")])
+
+
+def test_bad_inputs_stop_with_a_message(document_model, tmp_path, capsys):
+    (tmp_path / "long.de").write_text(" ".join(WORDS * 6) + "\n")
+    (tmp_path / "ok.de").write_text("word1 word2\n")
+    cases = [([tmp_path / "long.de"], [], "at most 128"),
+             ([tmp_path / "ok.de"], ["--sentencepiece-model", str(tmp_path / "missing.model")], "no such file"),
+             ([tmp_path / "in.de"], [], "in.de")]
+    (tmp_path / "in.de").write_text("a\n\n\n")
+    for inputs, extra, message in cases:
+        with pytest.raises(SystemExit):
+            translate(document_model, inputs, tmp_path / "out.en", *extra)
+        assert message in capsys.readouterr().err
