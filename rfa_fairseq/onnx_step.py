@@ -74,27 +74,22 @@ class OnnxStep:
     """The decoder's step engine (``decoder.step_engine``) that runs :class:`StepFunction` in ONNX Runtime: called as
     :class:`StepGraphs` is, it returns the step's scores, or None where the step is to run eagerly."""
 
-    def __init__(self, decoder: nn.Module, int8: bool = False, threads: Optional[int] = None, int8_min_weights: int = 0):
+    def __init__(self, decoder: nn.Module, int8: bool = False, int8_min_weights: int = 0):
         if not hasattr(decoder, "forward_step"):
             raise ValueError("--onnx-runtime runs RFA's fixed-size decoding step: it needs an RFA decoder "
                              "(not --decoder-attention softmax, whose cache grows every step)")
-        if not available():
-            raise RuntimeError("--onnx-runtime needs onnxruntime and onnxscript: pip install onnxruntime onnxscript "
-                               "(or pip install rfa_fairseq[onnx])")
-        self.decoder, self.int8, self.threads, self.int8_min_weights = decoder, int8, threads, int8_min_weights
-        self.sessions: Dict[tuple, "Session"] = {}
-        self.causal = {m._incremental_state_id for m in decoder.modules() if isinstance(m, CausalRFAttention)}
-        # the layers' modules' places in the decoder (their ids differ by process); the decoder's own state (the
-        # sentence alignment's counts) is read outside the step
-        ids = [m._incremental_state_id for m in decoder.modules() if hasattr(m, "_incremental_state_id") and m is not decoder]
-        self.index = {uid: i for i, uid in enumerate(ids)}
+        self.decoder, self.int8, self.int8_min_weights = decoder, int8, int8_min_weights
+        self.sessions: Dict[tuple, Session] = {}
+        self.causal = [m for m in decoder.modules() if isinstance(m, CausalRFAttention)]
+        # the layers' places in the decoder (ids differ by process); the decoder's own state is read outside the step
+        self.index = {m._incremental_state_id: i for i, m in enumerate(decoder.modules())
+                      if hasattr(m, "_incremental_state_id") and m is not decoder}
         self._weights_hash = None
 
-    # the beam reorder, deferred into the next step
     def defer(self, module: nn.Module, incremental_state, new_order: Tensor) -> bool:
-        """Keep ``new_order`` for ``module``'s state (a causal layer's) to gather in the next step; False: the module
-        reorders itself."""
-        if module._incremental_state_id not in self.causal:
+        """Keep ``new_order`` for a causal layer's state, to gather in the next step; False: the module reorders
+        itself."""
+        if module not in self.causal:
             return False
         buffer = module._get_input_buffer(incremental_state)
         if buffer.get("state") is not None:
@@ -105,77 +100,64 @@ class OnnxStep:
 
     def flush(self, incremental_state):
         """Apply the deferred reorders (before a step that runs eagerly)."""
-        for module in self.decoder.modules():
-            if isinstance(module, CausalRFAttention):
-                buffer = module._get_input_buffer(incremental_state)
-                if buffer.get("parents") is not None:
-                    module.reorder_incremental_state(incremental_state, buffer.pop("parents"))
+        for module in self.causal:
+            parents = module._get_input_buffer(incremental_state).pop("parents", None)
+            if parents is not None:
+                module.reorder_incremental_state(incremental_state, parents)
 
     def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state,
                  sentence: Optional[Tensor] = None) -> Optional[Tensor]:
-        if torch.is_grad_enabled() or tokens.device.type != "cpu" or self._table_too_short(position):
-            self.flush(incremental_state)
-            return None
-        layout, tensors = self._layout(incremental_state)
-        if layout is None:
-            self.flush(incremental_state)
-            return None
         rows, beam = tokens.size(0), max(getattr(self.decoder, "_beam_size", 1), 1)  # fairseq's set_beam_size
-        sources = [t.size(0) for (_, _, causal), t in zip(layout, tensors) if not causal]
-        if any(rows != beam * s for s in sources):  # the graph's rows are the beams of its sources
+        layout = self._layout(incremental_state)
+        d = self.decoder
+        if (layout is None or torch.is_grad_enabled() or tokens.device.type != "cpu"
+                or any(not causal and t.size(0) * beam != rows for _, _, causal, t in layout)  # rows: the beams
+                or d.embed_positions is not None and position >= d._position_table().size(0)):
             self.flush(incremental_state)
             return None
         key = (beam, sentence is not None, encoder_out is not None,
-               tuple((self.index[k.split(".")[0]], n, causal, t.dtype, t.dim()) for (k, n, causal), t in zip(layout, tensors)))
-        session = self.sessions.get(key)
-        if session is None:
-            session = self.sessions[key] = self._session(key, layout, tensors, sentence, encoder_out is not None)
-        parents, outs = [], []
-        for (k, name, causal), t in zip(layout, tensors):
+               tuple((self.index[k.split(".")[0]], n, causal, t.dtype, t.dim()) for k, n, causal, t in layout))
+        if key not in self.sessions:
+            self.sessions[key] = self._session(key, layout, sentence)
+        parents, states = None, []
+        for k, _, causal, t in layout:  # the advanced states go to the spare buffers, which then hold the state
             if causal:
                 buffer = incremental_state[k]
                 pending = buffer.pop("parents", None)
-                parents.append(pending)
+                parents = pending if pending is not None else parents
                 spare = buffer.get("spare_state")
-                if spare is None or spare.size(0) < rows or spare.shape[1:] != t.shape[1:] or spare.data_ptr() == t.data_ptr():
+                if spare is None or spare.size(0) < rows or spare.shape[1:] != t.shape[1:]:
                     spare = t.new_empty((max(rows, t.size(0)),) + t.shape[1:])
-                outs.append(spare[:rows])
                 buffer["state"], buffer["spare_state"] = spare[:rows], t
-        order = next((p for p in parents if p is not None), None)
-        order = torch.arange(rows) if order is None else order
-        step = [tokens, torch.tensor([position]), order] + ([sentence] if sentence is not None else [])
-        return session.run(step, tensors, outs)
+                states.append(spare[:rows])
+        step = [tokens, torch.tensor([position]), torch.arange(rows) if parents is None else parents]
+        return self.sessions[key].run(step + ([sentence] if sentence is not None else []), [t for *_, t in layout],
+                                      states)
 
-    def _table_too_short(self, position: int) -> bool:
-        d = self.decoder
-        return d.embed_positions is not None and position >= d._position_table().size(0)
-
-    def _layout(self, incremental_state):
-        """The decoding state's tensors in a fixed order, with their (key, field, causal); (None, None) where a
-        field is one the engine does not know."""
-        layout, tensors = [], []
-        for key in sorted(incremental_state, key=lambda k: self.index.get(k.split(".")[0], -1)):
-            if key.split(".")[0] not in self.index:
-                continue
-            causal = key.split(".")[0] in self.causal
+    def _layout(self, incremental_state) -> Optional[List[tuple]]:
+        """The decoding state's tensors in a fixed order, as (key, field, causal, tensor); None where a field is
+        one the engine does not know."""
+        layout = []
+        for key in sorted((k for k in incremental_state if k.split(".")[0] in self.index),
+                          key=lambda k: self.index[k.split(".")[0]]):
+            causal = any(key.startswith(m._incremental_state_id) for m in self.causal)
             for name, t in sorted(incremental_state[key].items()):
                 if name in ("spare_state", "parents") or t is None:
                     continue
                 if name not in AXES:
                     logger.warning("--onnx-runtime: the decoding state's field %s is not one it knows; decoding "
                                    "eagerly", name)
-                    return None, None
-                layout.append((key, name, causal))
-                tensors.append(t.contiguous())
-        return layout, tensors
+                    return None
+                layout.append((key, name, causal, t.contiguous()))
+        return layout
 
-    def _session(self, key, layout, tensors, sentence, source) -> "Session":
+    def _session(self, key, layout, sentence) -> "Session":
         int8 = f"-int8-{self.int8_min_weights}" if self.int8 else ""
         path = cache_dir() / f"step-{self._hash(key)}{int8}.onnx"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._export(key, layout, tensors, sentence, source, path)
-        return Session(path, self.threads)
+            self._export(key, layout, sentence, path)
+        return Session(path)
 
     def _hash(self, key) -> str:
         if self._weights_hash is None:
@@ -189,22 +171,22 @@ class OnnxStep:
         text = repr((self._weights_hash, key, __version__, torch.__version__, onnxruntime.__version__))
         return hashlib.sha256(text.encode()).hexdigest()[:20]
 
-    def _export(self, key, layout, tensors, sentence, source, path: Path):
-        """Trace :class:`StepFunction` at example sizes (EXAMPLE; rows: 2 beams' or 5) and write the graph to
+    def _export(self, key, layout, sentence, path: Path):
+        """Trace :class:`StepFunction` at example sizes (EXAMPLE, the rows the sources' beams) and write the graph to
         ``path`` (int8: quantized), through a temporary file (another process may be writing the same)."""
         from torch.export import Dim
-        beam, source = key[0], any(not causal for _, _, causal in layout)
+        beam, source = key[0], any(not causal for _, _, causal, _ in layout)
         sizes = dict(EXAMPLE, R=EXAMPLE["S"] * beam, P=EXAMPLE["S"] * beam + 2)
         dims = {name: Dim(f"rows_{name}" if name in "RP" else f"size_{name}", min=1) for name in sizes}
         if source:  # a row is a beam of a source: R = beam S (one dim where beam is 1)
             dims["R"] = dims["S"] * beam if beam > 1 else dims["S"]
-        step = StepFunction(self.decoder, layout, sentence is not None, source).eval()
+        step = StepFunction(self.decoder, [entry[:3] for entry in layout], sentence is not None, source).eval()
         args, shapes = [torch.zeros(sizes["R"], 1, dtype=torch.long), torch.tensor([2]),
                         torch.arange(sizes["R"])], [{0: dims["R"]}, None, {0: dims["R"]}]
         if sentence is not None:
             args.append(torch.zeros(sizes["R"], dtype=torch.long))
             shapes.append({0: dims["R"]})
-        for (key, name, causal), t in zip(layout, tensors):
+        for _, name, causal, t in layout:
             axes = AXES[name] if causal or name != "state" else SOURCE_STATE
             shape = [sizes[axes[i]] if i in axes else n for i, n in enumerate(t.shape)]
             example = torch.zeros(shape, dtype=t.dtype)
@@ -214,8 +196,8 @@ class OnnxStep:
             shapes.append({i: dims[a] for i, a in axes.items()})
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         with torch.no_grad():
-            program = torch.onnx.export(step, tuple(args), dynamic_shapes=(*shapes[:3], tuple(shapes[3:])), dynamo=True, optimize=True,
-                                        verbose=False)
+            program = torch.onnx.export(step, tuple(args), dynamic_shapes=(*shapes[:3], tuple(shapes[3:])), dynamo=True,
+                                        optimize=True, verbose=False)
         program.save(str(tmp))
         if self.int8:
             quantize(tmp, self.int8_min_weights)
@@ -257,10 +239,10 @@ def quantize(path: Path, min_weights: int):
 class Session:
     """An ONNX Runtime session of a :class:`StepFunction` graph, run on torch tensors in place (I/O binding)."""
 
-    def __init__(self, path: Path, threads: Optional[int] = None):
+    def __init__(self, path: Path):
         import onnxruntime as ort
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.intra_op_num_threads = torch.get_num_threads()
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
