@@ -46,7 +46,7 @@ MODELS = {
                     "rfa_gate_graphs": RFA_MT + ["--rfa-gate", "--cuda-graphs"],
                     "rfa_gate_softcross_graphs": MT + ["--rfa-gate", "--cuda-graphs"]},
     "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": LM + BASE, "rfa_gate": LM + ["--rfa-gate"] + BASE,
-           "rfa_gate_graphs": LM + ["--rfa-gate", "--cuda-graphs"] + BASE, "rfa_gate_compiled": LM + ["--rfa-gate"] + BASE},
+           "rfa_gate_graphs": LM + ["--rfa-gate", "--cuda-graphs"] + BASE},
 }
 DEFAULTS = {"translation": dict(lengths=[32, 128, 512, 2048, 4096], batch=2, beam=4),
             "lm": dict(lengths=[128, 512, 2048, 8192], batch=1, beam=1)}
@@ -112,8 +112,6 @@ class Contender:  # one synthetic model (random weights, seed 0), its fixed inpu
         self.model = self.model.eval().to(args.device)
         if getattr(self.model, "cuda_graphs", False) or getattr(self.model, "onnx_runtime", False):
             to_decoding_form_(self.model, cuda_graphs=self.model.cuda_graphs, onnx_runtime=self.model.onnx_runtime)
-        if name.endswith("_compiled"):
-            self.model.decoder.forward_step = torch.compile(self.model.decoder.forward_step, dynamic=False)
         forward = self.model.decoder.forward
 
         def spy(*a, **kw):
@@ -269,10 +267,6 @@ def decode_checkpoint(model, argv, args, do_profile):
         net = models[0].cuda() if cuda else models[0]
         net.prepare_for_inference_(cfg)
         to_decoding_form_(net, int8="int8" in forms, cuda_graphs=False, onnx_runtime="onnx" in forms)
-        if "compile" in forms:  # Inductor's C++ wrapper; freezing takes the int8 layers' packed weights in
-            torch._inductor.config.cpp_wrapper = torch._inductor.config.freezing = True
-            step = torch.compile(net.decoder.forward_step)
-            net.decoder.forward_step = lambda tokens, *a: step(tokens.contiguous(), *a)  # its stride changes every step
         limit = utils.resolve_max_positions(task.max_positions(), net.max_positions())
         generator, generators = task.build_generator([net], g), {}
         for n in args.lengths if lm else ():
@@ -296,8 +290,8 @@ def decode_checkpoint(model, argv, args, do_profile):
     batches = [utils.move_to_cuda(b) if cuda else b for b in batches[:args.max_batches]]
     parts, device = [], "cuda" if cuda else "cpu"  # (length or None, seconds, peak, outputs by id, growth)
     with torch.no_grad():
-        if not lm and not {"compile", "onnx"} & set(forms):  # an untimed warm-up batch: one-time costs would land in the
-            # first bucket (a compiled step's compiling, the ONNX step's export or load, are counted there)
+        if not lm and not {"int8", "onnx"} & set(forms):  # an untimed warm-up batch: one-time costs would land in the
+            # first bucket (the ONNX step's export or load are counted there)
             translate(batches[0])
         for n in sorted(args.lengths) if lm else [None]:
             for i, b in enumerate(batches):
@@ -374,13 +368,13 @@ def checkpoint(args):
 
 def model_spec(text):
     name, _, where = text.partition("=")
-    forms = ()  # int8: --int8-inference; compile: torch.compile of the decoding step; onnx: --onnx-runtime
-    while not where.startswith("ct2:") and where.partition(":")[0] in ("int8", "compile", "onnx"):
+    forms = ()  # int8: --int8-inference; onnx: --onnx-runtime
+    while not where.startswith("ct2:") and where.partition(":")[0] in ("int8", "onnx"):
         form, _, where = where.partition(":")
         forms += (form,)
     path, ct2 = where[4:].rpartition(":")[::2] if where.startswith("ct2:") else (where, None)
     if not name or ct2 not in (None,) + CT2_TYPES or not (os.path.isfile(path) or ct2 and os.path.isfile(f"{path}/model.bin")):
-        raise argparse.ArgumentTypeError(f"wants NAME=CHECKPOINT (an existing fairseq checkpoint), NAME=[int8:][compile:|onnx:]CHECKPOINT or "
+        raise argparse.ArgumentTypeError(f"wants NAME=CHECKPOINT (an existing fairseq checkpoint), NAME=[int8:|onnx:]CHECKPOINT or "
                                          f"NAME=ct2:PATH:COMPUTE_TYPE (PATH: a CTranslate2 model folder or a softmax checkpoint; "
                                          f"COMPUTE_TYPE: {', '.join(CT2_TYPES)}), got {text!r}")
     return name, path, ct2, forms
@@ -406,7 +400,7 @@ def parse_args(argv=None):
                    "(each length), the output forced, both with a <sep> every N tokens")
     c = modes.add_parser("checkpoint", help="trained checkpoints on a binarised split; fairseq-generate flags after --")
     c.add_argument("data", help="fairseq data-bin folder")
-    c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=[int8:][compile:|onnx:]CHECKPOINT|NAME=ct2:PATH:TYPE",
+    c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=[int8:|onnx:]CHECKPOINT|NAME=ct2:PATH:TYPE",
                    help="repeatable; the first is the reference of the ratios")
     c.add_argument("--task", choices=["translation", "language_modeling"], default="translation")
     c.add_argument("--source-lang"), c.add_argument("--target-lang")

@@ -129,16 +129,6 @@ def has_x86_64_v3() -> bool:
     return platform.machine() == "x86_64" and flags is not None and X86_64_V3_FLAGS <= flags
 
 
-def _int8_kernel():
-    from rfa_fairseq.modules.int8_linear import int_mm_takes_uint8
-
-    return int_mm_takes_uint8()
-
-
-needs_int8_kernel = pytest.mark.skipif(not _int8_kernel(), reason="this torch's CPU _int_mm takes no uint8 rows "
-                                       "(torch 2.13's does): --int8-inference is refused here")
-
-
 def fla_on_this_machine():
     """Make fla-core's kernels runnable here, or skip the calling test where fla-core is not installed.
 
