@@ -1,17 +1,15 @@
-"""rfa-translate-documents: translate documents of plain text with a document model (``--sentence-index``), one
-translated line per source line.
+"""rfa-translate-documents: plain-text documents through a document model (``--sentence-index``), one translated line
+per source line.
 
     rfa-translate-documents DATA_BIN --path ckpt.pt --sentencepiece-model spm.model --documents docs.de --output docs.en
 
-The input has one sentence a line and a blank line between documents; several ``--documents`` files are read in turn,
-each with its documents (a file without blank lines is one document), and ``--output`` is then a folder that gets a
-file of each input's name. Each document is encoded as the model was trained (``scripts/make_documents.py``: the
-sentences' sentencepiece pieces joined by ``<sep>``), documents are batched by length (``--batch-size``,
-``--max-tokens``), translated with fairseq's generator (its flags: ``--beam``, ``--lenpen``, ``--max-len-a`` (default
-here 1.2), ``--max-len-b`` (10), ``--cpu``, ``--model-overrides``, ...), split at the separators and decoded back to text.
-A translated document has one sentence per source sentence (sentence-aligned decoding); where it does not (the model's
-length limit, or ``--model-overrides "{'no_sentence_alignment': True}"``) the missing lines are left empty and extra
-sentences join the document's last line, with a warning that names the document. DATA_BIN holds the dictionaries.
+A sentence a line, a blank line between documents (a file without blank lines is one document); with several
+``--documents`` files ``--output`` is a folder that gets a file of each one's name. Documents are encoded as the model
+was trained (``scripts/make_documents.py``: sentencepiece pieces, the sentences joined by ``<sep>``), batched by length
+(``--batch-size``, ``--max-tokens``) and translated by fairseq's generator with its flags (``--beam``, ``--lenpen``,
+``--cpu``, ``--model-overrides``...; ``--max-len-a`` 1.2 and ``--max-len-b`` 10 by default here). Sentence-aligned
+decoding gives each document one sentence per source sentence; where it does not (the length limit, or the alignment
+turned off) the missing lines are left empty or the extra sentences join the last line, with a warning naming it.
 """
 import logging
 import os
@@ -26,7 +24,7 @@ SEPARATOR = "<sep>"
 
 
 class Document(NamedTuple):
-    file: int  # the input's index
+    file: int  # which --documents file
     first_line: int  # 1-based
     sentences: List[str]
 
