@@ -79,7 +79,7 @@ def _generate_both_ways(task, model, sample, beam, counter, max_graphs=16, **kwa
     def spy(tokens, *a, **kw):
         rows.add(tokens.size(0))
         return forward(tokens, *a, **kw)
-    model.decoder.step_graphs = StepGraphs(model.decoder, max_graphs=max_graphs)
+    model.decoder.step_engine = StepGraphs(model.decoder, max_graphs=max_graphs)
     model.decoder.forward = spy
     with torch.no_grad():
         graphed = gen.forward(sample, **kwargs)
@@ -124,7 +124,7 @@ def test_graphed_sampling_equals_eager(lm_model, counter):
                             search_strategy=search.Sampling(task.target_dictionary, sampling_topk=10))
     runs = []
     for graphs in (None, StepGraphs(model.decoder)):
-        model.decoder.step_graphs = graphs
+        model.decoder.step_engine = graphs
         torch.manual_seed(5)
         with torch.no_grad():
             runs.append(gen.forward(sample, prefix_tokens=prompts))
@@ -137,7 +137,7 @@ def test_few_graphs_kept_still_equal(translation_model, counter):
     task, model = _translation(translation_model, ["--rfa-gate"])
     eager, graphed, _ = _generate_both_ways(task, model, _source(task, 6), 4, counter, max_graphs=1)
     _same_hypotheses(eager, graphed)
-    assert len(model.decoder.step_graphs.graphs) == 1 and counter.captures > 2
+    assert len(model.decoder.step_engine.graphs) == 1 and counter.captures > 2
 
 
 @pytest.mark.parametrize("extra", [pytest.param(["--rfa-gate"], id="rfa-gate"),
@@ -171,7 +171,7 @@ def test_cuda_graphs_flag_runs_eagerly_on_the_cpu(translation_model):
         eager = gen.forward(sample)
         model.prepare_for_inference_(GENERATE_CFG)
         graphed = gen.forward(sample)
-    assert isinstance(model.decoder.step_graphs, StepGraphs) and not model.decoder.step_graphs.graphs
+    assert isinstance(model.decoder.step_engine, StepGraphs) and not model.decoder.step_engine.graphs
     _same_hypotheses(eager, graphed)
 
 
@@ -197,7 +197,7 @@ def test_a_failed_capture_names_the_flag(translation_model, monkeypatch):
     def failing(*args):
         raise RuntimeError("operation not permitted when stream is capturing")
     emulate_cuda_graphs(monkeypatch, failing)
-    model.decoder.step_graphs = StepGraphs(model.decoder)
+    model.decoder.step_engine = StepGraphs(model.decoder)
     gen = SequenceGenerator([model], task.target_dictionary, beam_size=1, max_len_b=10, min_len=10)
     with torch.no_grad(), pytest.raises(RuntimeError, match="decode without --cuda-graphs"):
         gen.forward(_source(task, 2))
