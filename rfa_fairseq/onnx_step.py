@@ -208,8 +208,8 @@ def quantize(path: Path, min_weights: int):
     """The graph at ``path`` with its products by a weight matrix (2-D, at least ``min_weights`` numbers) in int8,
     by ONNX Runtime's dynamic quantization (one scale per output column, the inputs quantized at run time). Weights in
     uint8, as the inputs: int8 weights beside uint8 inputs saturate AVX2's 16-bit sums on CPUs without VNNI (16 times
-    the error of torch's int8 layers in the tests' model, where uint8 gives theirs). A weight
-    the graph transposes at run time (the output projection shares the embedding's) becomes a transposed copy."""
+    uint8's error in the tests' model). A weight the graph transposes at run time (the output projection shares the
+    embedding's) becomes a transposed copy."""
     import onnx
     from onnx import numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -263,7 +263,7 @@ class Session:
             self.scores, self.bindings = torch.empty(rows, 1, self.vocab), {}
         staged = self.staged.get(rows)
         if staged is None:
-            staged = self.staged[rows] = [t.clone() for t in step]
+            staged = self.staged[rows] = [t.contiguous().clone() for t in step]
         for buffer, t in zip(staged, step):
             buffer.copy_(t)
         scores = self.scores[:rows]
