@@ -17,6 +17,8 @@ loads it instead of exporting again.
 import hashlib
 import logging
 import os
+import time
+import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -194,14 +196,24 @@ class OnnxStep:
                 example = torch.arange(shape[1]).repeat(shape[0], 1)
             args.append(example)
             shapes.append({i: dims[a] for i, a in axes.items()})
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with torch.no_grad():
-            program = torch.onnx.export(step, tuple(args), dynamic_shapes=(*shapes[:3], tuple(shapes[3:])), dynamo=True,
-                                        optimize=True, verbose=False)
-        program.save(str(tmp))
-        if self.int8:
-            quantize(tmp, self.int8_min_weights)
+        tmp, start = path.with_suffix(f".{os.getpid()}.tmp"), time.perf_counter()
+        loggers = [logging.getLogger(name) for name in ("", "onnxscript", "onnx_ir", "torch.onnx")]
+        levels = [log.level for log in loggers]
+        try:  # the exporter's passes log every node, the quantizer advice to the root logger
+            for log in loggers:
+                log.setLevel(logging.ERROR)
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                program = torch.onnx.export(step, tuple(args), dynamic_shapes=(*shapes[:3], tuple(shapes[3:])),
+                                            dynamo=True, optimize=True, verbose=False)
+                program.save(str(tmp))
+                if self.int8:
+                    quantize(tmp, self.int8_min_weights)
+        finally:
+            for log, level in zip(loggers, levels):
+                log.setLevel(level)
         tmp.replace(path)
+        logger.info("--onnx-runtime: exported the decoding step in %.1f s to %s", time.perf_counter() - start, path)
 
 
 def quantize(path: Path, min_weights: int):
