@@ -93,6 +93,7 @@ def figure(files, path):
     """Speed and memory against length: a column per file; a checkpoint run's by its output-length buckets (each at the
     bucket's mean output, its memory what decoding adds above the loaded model)."""
     import matplotlib
+    import matplotlib.ticker
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(2, len(files), figsize=(5 * len(files), 8), squeeze=False)
@@ -101,14 +102,17 @@ def figure(files, path):
         rows = [b for r in data["rows"] for b in r.get("buckets", ())] if buckets else data["rows"]
         memory = ("decode_bytes", "decoding's memory (MiB)") if buckets else ("peak_bytes", "peak memory (MiB)")
         for row, (key, label) in enumerate((("tokens_per_s", "tokens/s"), memory)):
-            ax = axes[row][col]
+            ax, ticks = axes[row][col], set()
             for model in dict.fromkeys(r["model"] for r in rows):
                 points = sorted((r["tokens"] / r["sentences"] if buckets else r["length"], r[key] / 2**(20 * row))
                                 for r in rows if r["model"] == model and r.get(key))
                 if points:
                     ax.plot(*zip(*points), marker="o", label=model)
+                    ticks.update(round(x) for x, _ in points)
             ax.set(xscale="log", yscale="log", xlabel="output length (tokens" + (", mean of a bucket)" if buckets else ")"),
                    ylabel=label)
+            ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])  # at the points: log-axis labels overlap
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             flags = data["meta"].get("generate_flags", [])
             batch = f", batch {flags[flags.index('--batch-size') + 1]}" if "--batch-size" in flags else ""
             ax.set_title(TITLES[data["meta"]["bench"]] + f" ({data['meta']['args'].get('task', 'lm')}{batch})", fontsize=9)

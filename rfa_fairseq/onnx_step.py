@@ -81,7 +81,7 @@ class OnnxStep:
             raise ValueError("--onnx-runtime runs RFA's fixed-size decoding step: it needs an RFA decoder "
                              "(not --decoder-attention softmax, whose cache grows every step)")
         self.decoder, self.int8, self.int8_min_weights = decoder, int8, int8_min_weights
-        self.sessions: Dict[tuple, Session] = {}
+        self.graphs: Dict[tuple, Graph] = {}
         self.causal = [m for m in decoder.modules() if isinstance(m, CausalRFAttention)]
         # the layers' places in the decoder (ids differ by process); the decoder's own state is read outside the step
         self.index = {m._incremental_state_id: i for i, m in enumerate(decoder.modules())
@@ -119,8 +119,8 @@ class OnnxStep:
             return None
         key = (beam, sentence is not None, encoder_out is not None,
                tuple((self.index[k.split(".")[0]], n, causal, t.dtype, t.dim()) for k, n, causal, t in layout))
-        if key not in self.sessions:
-            self.sessions[key] = self._session(key, layout, sentence)
+        if key not in self.graphs:
+            self.graphs[key] = self._graph(key, layout, sentence)
         parents, states = None, []
         for k, _, causal, t in layout:  # the advanced states go to the spare buffers, which then hold the state
             if causal:
@@ -133,7 +133,7 @@ class OnnxStep:
                 buffer["state"], buffer["spare_state"] = spare[:rows], t
                 states.append(spare[:rows])
         step = [tokens, torch.tensor([position]), torch.arange(rows) if parents is None else parents]
-        return self.sessions[key].run(step + ([sentence] if sentence is not None else []), [t for *_, t in layout],
+        return self.graphs[key].run(step + ([sentence] if sentence is not None else []), [t for *_, t in layout],
                                       states)
 
     def _layout(self, incremental_state) -> Optional[List[tuple]]:
@@ -153,13 +153,13 @@ class OnnxStep:
                 layout.append((key, name, causal, t.contiguous()))
         return layout
 
-    def _session(self, key, layout, sentence) -> "Session":
+    def _graph(self, key, layout, sentence) -> "Graph":
         int8 = f"-int8-{self.int8_min_weights}" if self.int8 else ""
         path = cache_dir() / f"step-{self._hash(key)}{int8}.onnx"
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             self._export(key, layout, sentence, path)
-        return Session(path)
+        return Graph(path)
 
     def _hash(self, key) -> str:
         if self._weights_hash is None:
@@ -248,8 +248,8 @@ def quantize(path: Path, min_weights: int):
         quantize_dynamic(str(path), str(path), per_channel=True, weight_type=QuantType.QUInt8, nodes_to_quantize=nodes)
 
 
-class Session:
-    """An ONNX Runtime session of a :class:`StepFunction` graph, run on torch tensors in place (I/O binding)."""
+class Graph:
+    """A :class:`StepFunction` graph in ONNX Runtime, run on torch tensors in place (I/O binding)."""
 
     def __init__(self, path: Path):
         import onnxruntime as ort
@@ -257,17 +257,17 @@ class Session:
         options.intra_op_num_threads = torch.get_num_threads()
         options.inter_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.inputs = [i.name for i in self.session.get_inputs()]
-        self.outputs = [o.name for o in self.session.get_outputs()]
-        self.vocab = self.session.get_outputs()[0].shape[-1]
+        self.ort = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.ort.get_inputs()]
+        self.outputs = [o.name for o in self.ort.get_outputs()]
+        self.vocab = self.ort.get_outputs()[0].shape[-1]
         self.scores: Optional[Tensor] = None
         self.staged: Dict[int, List[Tensor]] = {}  # rows -> the step's small inputs' buffers
         self.bindings: Dict[tuple, object] = {}
 
     def run(self, step: List[Tensor], held: List[Tensor], states: List[Tensor]) -> Tensor:
         """The graph on the step's small inputs ``step`` (tokens, position, parents, sentence: copied into buffers of
-        the session's) and the tensors ``held`` (the decoding state, read where it lies); the causal states advanced
+        the graph's) and the tensors ``held`` (the decoding state, read where it lies); the causal states advanced
         into ``states``; returns the scores ``[R, 1, V]`` (a buffer the next call overwrites). A step's bindings are
         kept by the addresses they bind: the states alternate between two buffers, so steps reuse two of them."""
         rows = step[0].size(0)
@@ -284,12 +284,12 @@ class Session:
         if binding is None:
             if len(self.bindings) > 16:  # batches of other shapes came before
                 self.bindings.clear()
-            binding = self.bindings[key] = self.session.io_binding()
+            binding = self.bindings[key] = self.ort.io_binding()
             for name, t in zip(self.inputs, [*staged, *held]):
                 bind(binding.bind_input, name, t)
             for name, t in zip(self.outputs, [scores, *states]):
                 bind(binding.bind_output, name, t)
-        self.session.run_with_iobinding(binding)
+        self.ort.run_with_iobinding(binding)
         return scores
 
 

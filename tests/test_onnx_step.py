@@ -72,7 +72,7 @@ def test_beam_search_gives_the_eager_hypotheses_and_the_full_pass_scores(model_p
         with torch.no_grad():
             hypos.append(gen.forward(sample))
     assert len({len(h["tokens"]) for nbest in hypos[0] for h in nbest}) > 1  # finished sentences leave the batch
-    assert engine.decoder.step_engine.sessions
+    assert engine.decoder.step_engine.graphs
     eos, src = task.target_dictionary.eos(), sample["net_input"]["src_tokens"]
     for row, (nbest_eager, nbest_engine) in enumerate(zip(*hypos, strict=True)):
         for a, b in zip(nbest_eager, nbest_engine, strict=True):
@@ -121,7 +121,7 @@ def test_steps_with_reorders_give_the_eager_scores_and_states(model_pair):
     task, eager, engine, sep = model_pair(*DOCUMENTS)
     sample = _sample(task, sep)
     (scores, states), (engine_scores, engine_states) = _steps(eager, task, sample, sep), _steps(engine, task, sample, sep)
-    assert engine.decoder.step_engine.sessions
+    assert engine.decoder.step_engine.graphs
     torch.testing.assert_close(engine_scores, scores, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(engine_states, states, rtol=1e-5, atol=1e-5)
 
@@ -154,7 +154,7 @@ def test_a_second_model_loads_the_cached_graph_without_exporting(model_pair, mon
     def export(*args, **kwargs):
         raise RuntimeError("exported again")
     monkeypatch.setattr(torch.onnx, "export", export)
-    to_decoding_form_(engine, onnx_runtime=True)  # a fresh engine: no session in memory
+    to_decoding_form_(engine, onnx_runtime=True)  # a fresh engine: no graph in memory
     with torch.no_grad():
         again = gen.forward(sample)
     assert [h[0]["tokens"].tolist() for h in first] == [h[0]["tokens"].tolist() for h in again]
