@@ -102,16 +102,16 @@ def figure(files, path):
         rows = [b for r in data["rows"] for b in r.get("buckets", ())] if buckets else data["rows"]
         memory = ("decode_bytes", "decoding's memory (MiB)") if buckets else ("peak_bytes", "peak memory (MiB)")
         for row, (key, label) in enumerate((("tokens_per_s", "tokens/s"), memory)):
-            ax, ticks = axes[row][col], set()
+            ax = axes[row][col]
             for model in dict.fromkeys(r["model"] for r in rows):
                 points = sorted((r["tokens"] / r["sentences"] if buckets else r["length"], r[key] / 2**(20 * row))
                                 for r in rows if r["model"] == model and r.get(key))
                 if points:
                     ax.plot(*zip(*points), marker="o", label=model)
-                    ticks.update(round(x) for x, _ in points)
             ax.set(xscale="log", yscale="log", xlabel="output length (tokens" + (", mean of a bucket)" if buckets else ")"),
                    ylabel=label)
-            ax.set_xticks(sorted(ticks), [str(t) for t in sorted(ticks)])  # at the points: log-axis labels overlap
+            ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1, 2, 5)))  # 1, 2, 5 x 10^k: no labels overlap
+            ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             flags = data["meta"].get("generate_flags", [])
             batch = f", batch {flags[flags.index('--batch-size') + 1]}" if "--batch-size" in flags else ""
