@@ -105,6 +105,7 @@ class Contender:  # one synthetic model (random weights, seed 0), its fixed inpu
         if args.size:
             flags = [f for f in flags if f not in BASE] + SIZES[args.size][8 * (not mt):]
         source = max(args.lengths) if args.documents else args.src_len
+        flags += ["--no-sentence-alignment"] * ("--sentence-index" in flags)  # forced outputs, whatever their sentences
         flags += ["--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--share-all-embeddings",
                   "--max-target-positions", str(n), "--max-source-positions", str(source + 8)] if mt else [
             "--task", "language_modeling", "--share-decoder-input-output-embed", "--tokens-per-sample", str(n)]
