@@ -54,6 +54,7 @@ def read_documents(paths: List[str]) -> List[List[Document]]:
 def parse(argv=None):
     from fairseq import options
     parser = options.get_generation_parser(default_task="translation")
+    parser.prog = "rfa-translate-documents"
     group = parser.add_argument_group("documents (rfa-translate-documents)")
     group.add_argument("--documents", nargs="+", required=True, metavar="FILE",
                        help="plain text: a sentence a line, a blank line between documents")

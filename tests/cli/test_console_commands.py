@@ -13,6 +13,7 @@ COMMANDS = {
     "rfa-redraw-features": "rfa_fairseq.cli.redraw_features:main",
     "rfa-diagnostics": "rfa_fairseq.cli.diagnostics:main",
     "rfa-average-checkpoints": "rfa_fairseq.cli.average_checkpoints:main",
+    "rfa-translate-documents": "rfa_fairseq.cli.translate_documents:main",
 }
 
 
