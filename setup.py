@@ -15,6 +15,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["rfa_fairseq", "rfa_fairseq.*"]),
+    package_data={"rfa_fairseq.ops.causal_rfa": ["fused_step.cpp"]},  # compiled on first use (ops/causal_rfa/fused.py)
     entry_points={
         "console_scripts": [
             "rfa-convert-from-softmax = rfa_fairseq.cli.convert_from_softmax:main",
@@ -28,7 +29,7 @@ setup(
     install_requires=[],
     extras_require={
         "stack": ["torch>=2.4", "fairseq-fixed==0.12.3.1", "hydra-core==1.3.2", "omegaconf==2.3.0",
-                  "sacrebleu", "sacremoses", "sentencepiece"],
+                  "sacrebleu", "sacremoses", "sentencepiece", "ninja"],
         "test": ["pytest", "hypothesis"],
         "bench": ["ctranslate2==4.8.5"],
         "onnx": ["onnxruntime==1.31.0", "onnxscript==0.7.2", "onnx==1.23.2"],  # --onnx-runtime (setup_env.sh installs them)  # bench/decode.py's CTranslate2 models (scripts/setup_env.sh installs it)

@@ -21,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from rfa_fairseq.inference import to_decoding_form_
 from rfa_fairseq.modules import CrossRFAttention
+from rfa_fairseq.ops.causal_rfa import fused
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -268,6 +269,7 @@ def decode_checkpoint(model, argv, args, do_profile):
         net = models[0].cuda() if cuda else models[0]
         net.prepare_for_inference_(cfg)
         to_decoding_form_(net, int8="int8" in forms, cuda_graphs=False, onnx_runtime="onnx" in forms)
+        fused._op = False if "unfused" in forms else fused._op  # unfused: torch's operators for the causal state
         limit = utils.resolve_max_positions(task.max_positions(), net.max_positions())
         generator, generators = task.build_generator([net], g), {}
         for n in args.lengths if lm else ():
@@ -369,8 +371,8 @@ def checkpoint(args):
 
 def model_spec(text):
     name, _, where = text.partition("=")
-    forms = ()  # int8: --int8-inference; onnx: --onnx-runtime
-    while not where.startswith("ct2:") and where.partition(":")[0] in ("int8", "onnx"):
+    forms = ()  # int8: --int8-inference; onnx: --onnx-runtime; unfused: no fused op
+    while not where.startswith("ct2:") and where.partition(":")[0] in ("int8", "onnx", "unfused"):
         form, _, where = where.partition(":")
         forms += (form,)
     path, ct2 = where[4:].rpartition(":")[::2] if where.startswith("ct2:") else (where, None)

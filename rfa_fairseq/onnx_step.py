@@ -7,10 +7,9 @@ that function from the model's own :meth:`RFATransformerDecoder.forward_step` (`
 rows, the sources, their length, sentences and windows), runs it with ONNX Runtime on the tensors where they lie (I/O
 binding) and writes the advanced states into the buffers beside them (``spare_state``: the two alternate).
 
-The beam reorder is folded into the step: the decoder hands each causal layer's ``new_order`` to :meth:`defer`, and the
-next step gathers the parents' rows as it reads the state (one read, one write), where the eager path gathers into the
-spare buffer first. A step the engine does not run (the first, a layout it cannot export) runs eagerly after the
-deferred reorders are applied (:meth:`flush`). The exported graph (and, with ``int8``, ONNX Runtime's dynamic int8
+The beam reorder is folded into the step: each causal layer defers its ``new_order`` (``parents`` in its buffer), and
+the next step gathers the parents' rows as it reads the state. A step the engine does not run (the first, a layout it
+cannot export) runs eagerly. The exported graph (and, with ``int8``, ONNX Runtime's dynamic int8
 quantization of its matrix products) is cached on disk by a hash of the weights and the layout, so a second process
 loads it instead of exporting again.
 """
@@ -88,25 +87,6 @@ class OnnxStep:
                       if hasattr(m, "_incremental_state_id") and m is not decoder}
         self._weights_hash = None
 
-    def defer(self, module: nn.Module, incremental_state, new_order: Tensor) -> bool:
-        """Keep ``new_order`` for a causal layer's state, to gather in the next step; False: the module reorders
-        itself."""
-        if module not in self.causal:
-            return False
-        buffer = module._get_input_buffer(incremental_state)
-        if buffer.get("state") is not None:
-            pending = buffer.get("parents")
-            buffer["parents"] = new_order if pending is None else pending.index_select(0, new_order)
-            module._set_input_buffer(incremental_state, buffer)
-        return True
-
-    def flush(self, incremental_state):
-        """Apply the deferred reorders (before a step that runs eagerly)."""
-        for module in self.causal:
-            parents = module._get_input_buffer(incremental_state).pop("parents", None)
-            if parents is not None:
-                module.reorder_incremental_state(incremental_state, parents)
-
     def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state,
                  sentence: Optional[Tensor] = None) -> Optional[Tensor]:
         rows, beam = tokens.size(0), max(getattr(self.decoder, "_beam_size", 1), 1)  # fairseq's set_beam_size
@@ -115,7 +95,6 @@ class OnnxStep:
         if (layout is None or torch.is_grad_enabled() or tokens.device.type != "cpu"
                 or any(not causal and t.size(0) * beam != rows for _, _, causal, t in layout)  # rows: the beams
                 or d.embed_positions is not None and position >= d._position_table().size(0)):
-            self.flush(incremental_state)
             return None
         key = (beam, sentence is not None, encoder_out is not None,
                tuple((self.index[k.split(".")[0]], n, causal, t.dtype, t.dim()) for k, n, causal, t in layout))

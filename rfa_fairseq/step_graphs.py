@@ -87,12 +87,6 @@ class StepGraphs:
             sentence_buffer.copy_(sentence)
         return replay()
 
-    def defer(self, module, incremental_state, new_order) -> bool:  # the modules reorder themselves (in the graph's memory)
-        return False
-
-    def flush(self, incremental_state):
-        pass
-
     def _key(self, tokens: Tensor, incremental_state) -> tuple:
         own = self.decoder._incremental_state_id  # the decoder's own state (sentence counts) is read outside the step
         state = tuple((name, field, t.data_ptr(), t.shape, t.dtype) for name, fields in incremental_state.items()

@@ -57,7 +57,7 @@ if ! "$PY" -c "import importlib.metadata as m; assert m.version('fairseq-fixed')
   pip_install --no-build-isolation --no-deps "fairseq-fixed==$FAIRSEQ_VERSION"
 fi
 pip_install "hydra-core==1.3.2" "omegaconf==2.3.0" regex sacrebleu sacremoses tqdm bitarray scikit-learn packaging cffi \
-  sentencepiece pytest hypothesis "matplotlib>=3.7"
+  sentencepiece pytest hypothesis "matplotlib>=3.7" ninja
 pip_install --no-build-isolation --no-deps -e .
 # optional, pinned as setup.py's "bench" extra: CTranslate2 for bench/decode.py (tests skip its cases without it)
 pip_install "ctranslate2==4.8.5" || echo "[setup] warning: ctranslate2 4.8.5 did not install; bench/decode.py runs without it"
@@ -68,3 +68,5 @@ pip_install "onnxruntime==1.31.0" "onnxscript==0.7.2" "onnx==1.23.2" || echo "[s
 "$PY" -c "import triton" 2>/dev/null || pip_install "triton==3.7.1" || echo "[setup] warning: triton did not install"
 pip_install --no-deps "fla-core==0.6.0" einops || echo "[setup] warning: fla-core did not install; --rfa-backend fla is unavailable"
 "$PY" -c "import torch, fairseq, rfa_fairseq; print('[setup] ok: torch', torch.__version__, '| fairseq', fairseq.__version__, '| rfa_fairseq', rfa_fairseq.__version__)"
+# causal RFA's fused decoding step (C++, torch's extension API): compiled now for this CPU, cached for every later process
+"$PY" -c "from rfa_fairseq.ops.causal_rfa import fused; print('[setup] fused decoding step:', 'built' if fused.load() else 'unavailable')"

@@ -181,9 +181,18 @@ def fx_capture(step, warmup, pool=None):
     return lambda: traced.pop() if traced else graph()
 
 
+def causal_state(buffer: dict) -> torch.Tensor:
+    """A causal RFA layer's decoding state, its deferred beam reorder (``parents``) applied."""
+    parents = buffer.get("parents")
+    return buffer["state"] if parents is None else buffer["state"].index_select(0, parents)
+
+
 def emulate_cuda_graphs(monkeypatch, capture=fx_capture):
-    """Make ``rfa_fairseq.step_graphs`` capture steps on every device, with ``capture``."""
+    """Make ``rfa_fairseq.step_graphs`` capture steps on every device, with ``capture``; beam reorders happen at
+    once, as they do on CUDA (on the CPU they wait for the next step's fused pass over the state)."""
     from rfa_fairseq import step_graphs
+    from rfa_fairseq.ops.causal_rfa import fused
 
     monkeypatch.setattr(step_graphs, "captures_on", lambda device: True)
+    monkeypatch.setattr(fused, "deferrable", lambda state: False)
     monkeypatch.setattr(step_graphs, "capture_cuda_graph", capture)

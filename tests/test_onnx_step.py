@@ -11,7 +11,7 @@ from rfa_fairseq import onnx_step
 from rfa_fairseq.inference import to_decoding_form_
 from rfa_fairseq.modules import CausalRFAttention
 
-from rfa_test_utils import random_tokens
+from rfa_test_utils import causal_state, random_tokens
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
@@ -87,12 +87,12 @@ def test_beam_search_gives_the_eager_hypotheses_and_the_full_pass_scores(model_p
 
 
 def _causal_states(model, state):
-    return [m._get_input_buffer(state)["state"] for m in model.decoder.modules() if isinstance(m, CausalRFAttention)]
+    return [causal_state(m._get_input_buffer(state)) for m in model.decoder.modules() if isinstance(m, CausalRFAttention)]
 
 
 def _steps(model, task, sample, sep):
     """Teacher-forced steps of 3 sources, beam 2, reorders within the beams, then one that drops a sentence: each
-    step's scores, then the causal states (the engine's read after its deferred reorders are applied)."""
+    step's scores, then the causal states (their deferred reorders applied)."""
     beam, g = 2, torch.Generator().manual_seed(5)
     tokens = random_tokens(task.target_dictionary, 6, 8, g)
     tokens[:, 0], tokens[:, 3] = task.target_dictionary.eos(), sep
@@ -111,10 +111,7 @@ def _steps(model, task, sample, sep):
             model.decoder.reorder_incremental_state_scripting(state, order)
             enc = model.encoder.reorder_encoder_out(enc, order)
             prev = torch.cat([prev.index_select(0, order), tokens[:len(order), t + 1:t + 2]], 1)
-        if model.decoder.step_engine is not None:
-            model.decoder.step_engine.flush(state)
-    states = [m._get_input_buffer(state)["state"] for m in model.decoder.modules() if isinstance(m, CausalRFAttention)]
-    return got, states
+    return got, _causal_states(model, state)
 
 
 def test_steps_with_reorders_give_the_eager_scores_and_states(model_pair):

@@ -89,20 +89,18 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         self.sentence_alignment = False
         self._stateful = None  # the modules that keep decoding state (reorder_incremental_state_scripting)
         # what runs the decoding steps after the first, set by rfa_fairseq.inference: StepGraphs (--cuda-graphs) or
-        # OnnxStep (--onnx-runtime), which may defer the causal layers' beam reorders into the next step
+        # OnnxStep (--onnx-runtime)
         self.step_engine = None
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
 
     def reorder_incremental_state_scripting(self, incremental_state, new_order):
         """fairseq's beam-search reorder, over the modules that keep decoding state, listed once (fairseq's walks
-        every module at every step); those whose reorder the step engine defers into the next step excepted."""
+        every module at every step)."""
         if self._stateful is None:
             self._stateful = [m for m in self.modules() if hasattr(m, "reorder_incremental_state")]
-        engine = self.step_engine
         for module in self._stateful:
-            if engine is None or not engine.defer(module, incremental_state, new_order):
-                incremental_state = module.reorder_incremental_state(incremental_state, new_order) or incremental_state
+            incremental_state = module.reorder_incremental_state(incremental_state, new_order) or incremental_state
         last = self.get_incremental_state(incremental_state, "source_sentences")
         if last is not None and last["last"].size(0) != new_order.numel():  # sentences left (beams share a source)
             self.set_incremental_state(incremental_state, "source_sentences", {"last": last["last"][new_order]})
@@ -207,8 +205,6 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                                             incremental_state, sentence)
                 return self.align_sentences((out, {"attn": [None], "inner_states": None}), prev_output_tokens,
                                             encoder_out, incremental_state, sentence)
-            if incremental_state and self.step_engine is not None:
-                self.step_engine.flush(incremental_state)
             return super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)
         if incremental_state is not None or encoder_out is not None or kwargs.get("return_all_hiddens"):
             raise ValueError("stream_state continues text streams in a language model: it takes neither an "

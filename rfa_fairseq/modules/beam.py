@@ -46,3 +46,4 @@ def reorder_rows_(buffer: dict, names, new_order: Tensor):
             spare = state.new_empty((rows,) + state.shape[1:])
         torch.index_select(state, 0, new_order, out=spare[:rows])
         buffer[name], buffer["spare_" + name] = spare[:rows], state
+    return buffer
