@@ -1,6 +1,5 @@
-"""Loading fairseq checkpoints under torch's safe unpickler (weights_only=True, torch >= 2.6): the few
-plain containers fairseq pickles besides tensors are allow-listed (torch.serialization.add_safe_globals)
-when the plugin is imported; any other pickled object is still refused by torch."""
+"""Loading fairseq checkpoints under torch's safe unpickler (weights_only=True, torch >= 2.6): the few plain containers
+fairseq pickles besides tensors are allow-listed when the plugin is imported; torch still refuses any other object."""
 import argparse
 
 import torch

@@ -69,8 +69,7 @@ _DEFAULTS = RFAConfig()
 
 
 def read_fields(config_class, args) -> dict:
-    """The fields of the dataclass ``config_class`` read from a namespace, dataclass or DictConfig,
-    each missing (or None) one at its default: what every model family's config reader starts from."""
+    """The fields of ``config_class`` read from a namespace, dataclass or DictConfig (missing or None: the default)."""
     defaults = config_class()
     return {f.name: getattr(defaults, f.name) if getattr(args, f.name, None) is None else getattr(args, f.name)
             for f in fields(config_class)}

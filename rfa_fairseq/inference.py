@@ -1,10 +1,6 @@
-"""A trained model's inference form, made in one place: fairseq-generate, fairseq-interactive and fairseq-eval-lm
-call the model's ``prepare_for_inference_`` after loading it (:class:`InferenceMixin`), which, beyond fairseq's own
-preparation, converts the model as its flags ask (:func:`to_decoding_form_`): with ``--onnx-runtime`` every decoding
-step after the first runs in ONNX Runtime on the CPU (``onnx_step.py``), with ``--int8-inference`` too, its products by
-weight matrices of at least ``--int8-min-weights`` numbers in int8; with ``--cuda-graphs`` every decoding step after
-the first is replayed as a CUDA graph (``step_graphs.py``). The model's own layers stay as trained.
-"""
+"""A trained model's inference form, made in one place: fairseq-generate, fairseq-interactive and fairseq-eval-lm call
+the model's ``prepare_for_inference_`` after loading it (:class:`InferenceMixin`), which converts the model as its flags
+ask (:func:`to_decoding_form_`: ``onnx_step.py``, ``step_graphs.py``); the model's own layers stay as trained."""
 import logging
 from dataclasses import dataclass, field, fields
 
@@ -65,8 +61,7 @@ def to_decoding_form_(model: nn.Module, int8: bool = False, cuda_graphs: bool = 
 
 
 class InferenceMixin:
-    """Model mixin: ``prepare_for_inference_`` as the module docstring says (by the :class:`InferenceConfig` fields,
-    which ``build_model`` reads); ``set_beam_size`` tells the decoder's modules the beam."""
+    """Model mixin: ``prepare_for_inference_`` by the :class:`InferenceConfig` fields (which ``build_model`` reads)."""
 
     int8_inference, cuda_graphs, int8_min_weights, onnx_runtime = False, False, INT8_MIN_WEIGHTS, False
 

@@ -9,10 +9,8 @@ binding) and writes the advanced states into the buffers beside them (``spare_st
 
 The beam reorder is folded into the step: each causal layer defers its ``new_order`` (``parents`` in its buffer), and
 the next step gathers the parents' rows as it reads the state. A step the engine does not run (the first, a layout it
-cannot export) runs eagerly. The exported graph (and, with ``int8``, ONNX Runtime's dynamic int8
-quantization of its matrix products) is cached on disk by a hash of the weights and the layout, so a second process
-loads it instead of exporting again.
-"""
+cannot export) runs eagerly. The exported graph (and, with ``int8``, ONNX Runtime's dynamic int8 quantization of its
+matrix products) is cached on disk by a hash of the weights and the layout: a second process loads it, not exports."""
 import hashlib
 import logging
 import os
@@ -30,10 +28,9 @@ logger = logging.getLogger(__name__)
 
 # Per decoding-state field, its dynamic axes: rows (R: this step's), P (the previous step's rows, the causal state's),
 # S (sources), T (the source's length), J (sentences), W (the widest window).
-AXES = {"state": {0: "P"}, "prev_key": {0: "S", 2: "T"}, "prev_value": {0: "S", 2: "T"},
+AXES = {"state": {0: "P"}, "prev_key": {0: "S", 2: "T"}, "prev_value": {0: "S", 2: "T"}, "k": {0: "S", 2: "T"},
         "prev_key_padding_mask": {0: "S", 1: "T"}, "window_kv": {0: "S", 2: "T"}, "window_spans": {0: "S", 1: "J"},
-        "window_offsets": {0: "S", 1: "W"}, "k": {0: "S", 2: "T"}, "v": {0: "S", 2: "T"},
-        "key_padding_mask": {0: "S", 1: "T"}}
+        "window_offsets": {0: "S", 1: "W"}, "v": {0: "S", 2: "T"}, "key_padding_mask": {0: "S", 1: "T"}}
 SOURCE_STATE = {0: "S"}  # a cross attention's fixed-size state (CrossRFAttention's [S, H, F, K + 1])
 EXAMPLE = {"S": 3, "T": 37, "J": 7, "W": 11}  # sizes to trace at, none 0 or 1 (which torch.export specializes)
 
@@ -90,8 +87,7 @@ class OnnxStep:
     def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state,
                  sentence: Optional[Tensor] = None) -> Optional[Tensor]:
         rows, beam = tokens.size(0), max(getattr(self.decoder, "_beam_size", 1), 1)  # fairseq's set_beam_size
-        layout = self._layout(incremental_state)
-        d = self.decoder
+        layout, d = self._layout(incremental_state), self.decoder
         if (layout is None or torch.is_grad_enabled() or tokens.device.type != "cpu"
                 or any(not causal and t.size(0) * beam != rows for _, _, causal, t in layout)  # rows: the beams
                 or d.embed_positions is not None and position >= d._position_table().size(0)):
@@ -99,7 +95,12 @@ class OnnxStep:
         key = (beam, sentence is not None, encoder_out is not None,
                tuple((self.index[k.split(".")[0]], n, causal, t.dtype, t.dim()) for k, n, causal, t in layout))
         if key not in self.graphs:
-            self.graphs[key] = self._graph(key, layout, sentence)
+            int8 = f"-int8-{self.int8_min_weights}" if self.int8 else ""
+            path = cache_dir() / f"step-{self._hash(key)}{int8}.onnx"
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._export(key, layout, sentence, path)
+            self.graphs[key] = Graph(path)
         parents, states = None, []
         for k, _, causal, t in layout:  # the advanced states go to the spare buffers, which then hold the state
             if causal:
@@ -116,8 +117,7 @@ class OnnxStep:
                                       states)
 
     def _layout(self, incremental_state) -> Optional[List[tuple]]:
-        """The decoding state's tensors in a fixed order, as (key, field, causal, tensor); None where a field is
-        one the engine does not know."""
+        """The decoding state's tensors in fixed order as (key, field, causal, tensor); None at a field not in AXES."""
         layout = []
         for key in sorted((k for k in incremental_state if k.split(".")[0] in self.index),
                           key=lambda k: self.index[k.split(".")[0]]):
@@ -131,14 +131,6 @@ class OnnxStep:
                     return None
                 layout.append((key, name, causal, t.contiguous()))
         return layout
-
-    def _graph(self, key, layout, sentence) -> "Graph":
-        int8 = f"-int8-{self.int8_min_weights}" if self.int8 else ""
-        path = cache_dir() / f"step-{self._hash(key)}{int8}.onnx"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._export(key, layout, sentence, path)
-        return Graph(path)
 
     def _hash(self, key) -> str:
         if self._weights_hash is None:
@@ -176,10 +168,9 @@ class OnnxStep:
             args.append(example)
             shapes.append({i: dims[a] for i, a in axes.items()})
         tmp, start = path.with_suffix(f".{os.getpid()}.tmp"), time.perf_counter()
-        loggers = [logging.getLogger(name) for name in ("", "onnxscript", "onnx_ir", "torch.onnx")]
-        levels = [log.level for log in loggers]
+        levels = {log: log.level for log in map(logging.getLogger, ("", "onnxscript", "onnx_ir", "torch.onnx"))}
         try:  # the exporter's passes log every node, the quantizer advice to the root logger
-            for log in loggers:
+            for log in levels:
                 log.setLevel(logging.ERROR)
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -189,7 +180,7 @@ class OnnxStep:
                 if self.int8:
                     quantize(tmp, self.int8_min_weights)
         finally:
-            for log, level in zip(loggers, levels):
+            for log, level in levels.items():
                 log.setLevel(level)
         tmp.replace(path)
         logger.info("--onnx-runtime: exported the decoding step in %.1f s to %s", time.perf_counter() - start, path)
@@ -245,10 +236,9 @@ class Graph:
         self.bindings: Dict[tuple, object] = {}
 
     def run(self, step: List[Tensor], held: List[Tensor], states: List[Tensor]) -> Tensor:
-        """The graph on the step's small inputs ``step`` (tokens, position, parents, sentence: copied into buffers of
-        the graph's) and the tensors ``held`` (the decoding state, read where it lies); the causal states advanced
-        into ``states``; returns the scores ``[R, 1, V]`` (a buffer the next call overwrites). A step's bindings are
-        kept by the addresses they bind: the states alternate between two buffers, so steps reuse two of them."""
+        """The graph on ``step`` (tokens, position, parents, sentence: copied into the graph's buffers) and ``held``
+        (the decoding state, read where it lies), the causal states advanced into ``states``; returns the scores
+        ``[R, 1, V]`` (a buffer the next call overwrites). Bindings are kept by address: the states alternate in two."""
         rows = step[0].size(0)
         if self.scores is None or self.scores.size(0) < rows:
             self.scores, self.bindings = torch.empty(rows, 1, self.vocab), {}

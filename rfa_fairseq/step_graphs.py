@@ -1,19 +1,17 @@
 """A decoding step replayed as one CUDA graph (``--cuda-graphs``).
 
 A small batch's decoding step is hundreds of small kernels whose launches set its time on a GPU. RFA's state never
-changes size, so the step (:meth:`RFATransformerDecoder.forward_step`) is captured once and replayed with one
-launch. A graph reads and writes the memory it was captured on: it is keyed by the batch size and the address, shape
-and dtype of every state tensor (and of the position table). Beam search's reorder alternates the causal states
-between two buffers, so a batch size takes two graphs; a layout is captured when seen a second time (once: eager).
-Capture warms up on copies of the state on a side stream (CUDA's lazy initialisation must not happen under capture),
-then records the step on the live state without running it. On the CPU and under autograd, steps run eagerly.
-"""
+changes size, so the step (:meth:`RFATransformerDecoder.forward_step`) is captured once and replayed with one launch. A
+graph reads and writes the memory it was captured on: it is keyed by the batch size and the address, shape and dtype of
+every state tensor (and of the position table). Beam search's reorder alternates the causal states between two buffers,
+so a batch size takes two graphs; a layout is captured when seen a second time (once: eager). Capture warms up on
+copies of the state on a side stream (CUDA's lazy initialisation must not happen under capture), then records the step
+on the live state without running it. On the CPU and under autograd, steps run eagerly."""
 from collections import OrderedDict
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor, nn
-
 
 Replay = Callable[[], Tensor]
 

@@ -1,10 +1,9 @@
 """Checks of argument and flag values, one helper per check, for every layer of the package.
 
-Pure Python (no torch, no fairseq), so that a check and its message are written once. Each helper
-takes the name to print (a flag such as ``--rfa-chunk-size`` or an argument such as ``embed_dim``) and
-the value, raises ValueError naming it when the value is bad, and returns the value otherwise (a bool
-is not an int; NaN and infinity are not finite; ``one_of`` returns ``str(value)``, for ChoiceEnum members).
-"""
+Pure Python (no torch, no fairseq), so that a check and its message are written once. Each helper takes the name to
+print (a flag such as ``--rfa-chunk-size`` or an argument such as ``embed_dim``) and the value, raises ValueError naming
+it when the value is bad, and returns the value otherwise (a bool is not an int; NaN and infinity are not finite;
+``one_of`` returns ``str(value)``, for ChoiceEnum members)."""
 import math
 
 

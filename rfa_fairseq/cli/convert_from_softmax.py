@@ -4,10 +4,9 @@
     fairseq-train DATA --user-dir rfa_fairseq --finetune-from-model rfa.pt --arch <printed arch> ...
 
 The swap of Kasai et al. (2021, "Finetuning Pretrained Transformers into RNNs") for fairseq ``transformer*`` and
-``transformer_lm*`` checkpoints: the RFA architecture ``rfa_`` + the source's (else the base one with its
-dimensions), its task arguments and every shared weight copied; the RFA parameters (sigma, random matrices, gate)
-initialised as in a new model, seeded by ``--seed``; the optimizer state, which belonged to other parameters, dropped.
-"""
+``transformer_lm*`` checkpoints: the RFA architecture ``rfa_`` + the source's (else the base one with its dimensions),
+its task arguments and every shared weight copied; the RFA parameters (sigma, random matrices, gate) initialised as in a
+new model, seeded by ``--seed``; the optimizer state, which belonged to other parameters, dropped."""
 import argparse
 import sys
 from pathlib import Path
@@ -111,8 +110,7 @@ def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | 
     language_model = target.startswith("rfa_transformer_lm")
     task = stand_in_task(weights, language_model)
 
-    # The source model, loaded strictly: fairseq upgrades old key layouts on the way in, and a
-    # checkpoint that does not fit its own architecture fails here, not halfway through.
+    # Loaded strictly: fairseq upgrades old key layouts, and a checkpoint unfit for its own arch fails here, not later.
     source = models.build_model(source_cfg, task, from_checkpoint=True)
     source.load_state_dict(weights, strict=True, model_cfg=source_cfg)
 
@@ -165,8 +163,7 @@ def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | 
                                "lr_scheduler_state": {"best": None}, "num_updates": 0}],
         "task_state": {},
         "extra_state": {"train_iterator": {"epoch": 1, "iterations_in_epoch": 0}, "converted_from_softmax": {
-            "arch": str(_get(source_cfg, "_name") or _get(source_cfg, "arch"))}},
-    }
+            "arch": str(_get(source_cfg, "_name") or _get(source_cfg, "arch"))}}}
     return checkpoint, target, rfa_only
 
 

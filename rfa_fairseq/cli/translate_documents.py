@@ -9,8 +9,7 @@ was trained (``scripts/make_documents.py``: sentencepiece pieces, the sentences 
 (``--batch-size``, ``--max-tokens``) and translated by fairseq's generator with its flags (``--beam``, ``--lenpen``,
 ``--cpu``, ``--model-overrides``...; ``--max-len-a`` 1.2 and ``--max-len-b`` 10 by default here). Sentence-aligned
 decoding gives each document one sentence per source sentence; where it does not (the length limit, or the alignment
-turned off) the missing lines are left empty or the extra sentences join the last line, with a warning naming it.
-"""
+turned off) the missing lines are left empty or the extra sentences join the last line, with a warning naming it."""
 import logging
 import os
 import sys
@@ -114,13 +113,11 @@ def translate(args):
     generator = task.build_generator(models, cfg.generation)
     order = sorted(range(len(docs)), key=lambda i: tokens[i].numel())
     max_docs, max_tokens = cfg.dataset.batch_size or 8, cfg.dataset.max_tokens or 12000
-    batches, batch = [], []
+    batches = [[]]
     for i in order:  # by length: the batch's longest document times its size within --max-tokens
-        if batch and (len(batch) == max_docs or tokens[i].numel() * (len(batch) + 1) > max_tokens):
-            batches.append(batch)
-            batch = []
-        batch.append(i)
-    batches.append(batch)
+        if batches[-1] and (len(batches[-1]) == max_docs or tokens[i].numel() * (len(batches[-1]) + 1) > max_tokens):
+            batches.append([])
+        batches[-1].append(i)
     translated = [None] * len(docs)
     with tqdm(total=len(docs), unit="doc", disable=cfg.common.no_progress_bar or len(docs) < 2, file=sys.stderr) as bar:
         for batch in batches:
@@ -135,10 +132,9 @@ def translate(args):
                 translated[i] = tgt_dict.string(nbest[0]["tokens"].int().cpu())
             bar.update(len(batch))
     misaligned = 0
-    outputs = [[] for _ in args.documents]
+    outputs = [[] for _ in args.documents]  # each file's documents, their lines joined
     for d, text in zip(docs, translated):
-        pieces = [s.split() for s in f" {text} ".split(f" {SEPARATOR} ")]
-        sentences = [spm.decode(p) for p in pieces]
+        sentences = [spm.decode(s.split()) for s in f" {text} ".split(f" {SEPARATOR} ")]
         if len(sentences) != len(d.sentences):
             misaligned += 1
             logger.warning("%s, the document at line %d: %d sentences translated for %d (%s)", args.documents[d.file],
@@ -146,15 +142,12 @@ def translate(args):
                            if len(sentences) < len(d.sentences) else "the extra ones join its last line")
             sentences = (sentences + [""] * len(d.sentences))[:len(d.sentences) - 1] + [
                 " ".join(sentences[len(d.sentences) - 1:])]
-        out = outputs[d.file]
-        if out:
-            out.append("")
-        out.extend(sentences)
+        outputs[d.file].append("\n".join(sentences))
     paths = [args.output] if len(args.documents) == 1 else [os.path.join(args.output, os.path.basename(p)) for p in args.documents]
     if len(args.documents) > 1:
         os.makedirs(args.output, exist_ok=True)
-    for path, lines in zip(paths, outputs):
-        Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    for path, file_docs in zip(paths, outputs):  # a blank line between documents
+        Path(path).write_text("\n\n".join(file_docs) + "\n", encoding="utf-8")
     logger.info("%d documents, %d sentences translated into %s%s", len(docs), sum(len(d.sentences) for d in docs),
                 args.output, f"; {misaligned} not sentence-aligned" if misaligned else "")
 

@@ -4,7 +4,5 @@ from .rfa_classifier import RFAClassifierModel  # noqa: F401  (registers rfa_cla
 from .rfa_transformer import RFATransformerModel
 from .rfa_transformer_lm import RFATransformerLanguageModel
 
-__all__ = [
-    "RFA_CHECKPOINT_VERSION", "RFATransformerDecoder", "RFATransformerDecoderLayer",
-    "RFATransformerModel", "RFATransformerLanguageModel",
-]
+__all__ = ["RFA_CHECKPOINT_VERSION", "RFATransformerDecoder", "RFATransformerDecoderLayer", "RFATransformerModel",
+           "RFATransformerLanguageModel"]

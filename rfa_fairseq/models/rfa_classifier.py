@@ -1,13 +1,11 @@
-"""Long-text classification: model ``rfa_classifier`` and its Long Range Arena architectures.
+"""Long-text classification: model ``rfa_classifier`` (an encoder-only transformer: the translation model's encoder,
+with its ``--encoder-attention``, a pooling of its output and an MLP head) and its Long Range Arena architectures, for
+fairseq's own ``sentence_prediction`` task and criterion (``fairseq-train DATA --user-dir rfa_fairseq --task
+sentence_prediction --criterion sentence_prediction --num-classes 10 --arch rfa_classifier_lra_listops ...``).
 
-An encoder-only transformer (the translation model's encoder, with its ``--encoder-attention``), a pooling of its
-output and an MLP head, for fairseq's own ``sentence_prediction`` task and criterion (``fairseq-train DATA
---user-dir rfa_fairseq --task sentence_prediction --criterion sentence_prediction --num-classes 10 --arch
-rfa_classifier_lra_listops --encoder-attention rfa ...``).
-
-Two documents (LRA's Retrieval): the task joins ``input0`` and ``input1`` into one row ``doc1 </s> [separator]
-doc2 </s>`` (right-padded), which ``--classifier-head dual`` cuts in two. Pooling ``mean`` averages over the
-non-padding positions only (LRA's code includes the padding), so no pooled vector depends on a batch's padding.
+Two documents (LRA's Retrieval): the task joins ``input0`` and ``input1`` into one row ``doc1 </s> [separator] doc2
+</s>`` (right-padded), which ``--classifier-head dual`` cuts in two. Pooling ``mean`` averages over the non-padding
+positions only (LRA's code includes the padding), so no pooled vector depends on a batch's padding.
 """
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
@@ -167,8 +165,7 @@ class RFAClassifierModel(BaseFairseqModel):
 
     def upgrade_state_dict_named(self, state_dict, name):
         super().upgrade_state_dict_named(state_dict, name)
-        # Saved heads this model was not built with (another --classification-head-name, several heads)
-        # are registered with their saved sizes, so that strict loading keeps them instead of failing.
+        # Register saved heads this model lacks (another --classification-head-name), so strict loading keeps them.
         prefix = name + "." if name else ""
         for key in list(state_dict):
             if key.startswith(prefix + "classification_heads.") and key.endswith(".out_proj.weight"):

@@ -75,9 +75,8 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
 
 class SoftmaxTransformerDecoder(TransformerDecoderBase):
     """fairseq's transformer decoder (``--decoder-attention softmax``) with :class:`SoftmaxTransformerDecoderLayer`
-    layers. While decoding no layer returns its cross-attention weights unless ``decoding_attention`` is set: the
-    SequenceGenerator copies them, beam x source x output, after every step (as costly as the step at long sources)
-    for ``hypo["attention"]``, which fairseq's tools do not read. Training and scoring forwards return them."""
+    layers. Decoding steps return no cross-attention weights unless ``decoding_attention`` (the SequenceGenerator
+    copies them after every step, as costly as the step at long sources); training and scoring forwards do."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None,
                  decoding_attention: bool = False):
@@ -85,18 +84,14 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         # set by the model's builder: <sep>'s indexes (--sentence-index), --cross-sentence-window, and whether
         # decoding writes one sentence per source sentence (--sentence-index without --no-sentence-alignment)
         self.sentence_separator = self.source_separator = None
-        self.cross_sentence_window = -1
-        self.sentence_alignment = False
+        self.cross_sentence_window, self.sentence_alignment = -1, False
         self._stateful = None  # the modules that keep decoding state (reorder_incremental_state_scripting)
-        # what runs the decoding steps after the first, set by rfa_fairseq.inference: StepGraphs (--cuda-graphs) or
-        # OnnxStep (--onnx-runtime)
-        self.step_engine = None
+        self.step_engine = None  # runs the steps after the first: rfa_fairseq.inference's StepGraphs or OnnxStep
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
 
     def reorder_incremental_state_scripting(self, incremental_state, new_order):
-        """fairseq's beam-search reorder, over the modules that keep decoding state, listed once (fairseq's walks
-        every module at every step)."""
+        """fairseq's beam-search reorder over the stateful modules, listed once (fairseq's walks all at every step)."""
         if self._stateful is None:
             self._stateful = [m for m in self.modules() if hasattr(m, "reorder_incremental_state")]
         for module in self._stateful:
@@ -111,11 +106,9 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
 
     def align_sentences(self, out, prev_output_tokens, encoder_out, incremental_state, written: Optional[Tensor] = None):
         """Sentence-aligned decoding (``sentence_alignment``): in a decoding step, each row's separators written so
-        far (``written [B]``, or counted from ``prev_output_tokens``) against its source's; where fewer, ``</s>``
-        is forbidden (the document is not finished), else ``<sep>`` (no sentence past the source's last). The step's
-        ``out`` gets them as ``forbid_eos`` and ``forbid_sep`` ``[B]``, which :meth:`get_normalized_probs` applies
-        after normalizing (the other tokens keep the scores the full pass gives them). The source's count is kept
-        in ``incremental_state`` (``[B]``), counted once."""
+        far (``written [B]``, else counted from ``prev_output_tokens``) against its source's (counted once, kept in
+        ``incremental_state``); where fewer, ``</s>`` is forbidden, else ``<sep>``. ``out`` gets them as ``forbid_eos``
+        and ``forbid_sep`` ``[B]``, which :meth:`get_normalized_probs` applies after normalizing."""
         if not self.sentence_alignment or incremental_state is None or encoder_out is None:
             return out
         last = self.get_incremental_state(incremental_state, "source_sentences")
@@ -142,8 +135,7 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         return probs
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,
-                                    full_context_alignment: bool = False, alignment_layer=None,
-                                    alignment_heads=None):
+                                    full_context_alignment: bool = False, alignment_layer=None, alignment_heads=None):
         if incremental_state is not None and alignment_layer is None and not self.decoding_attention:
             alignment_layer = self.num_layers  # past the last layer: none returns its weights
         if self.cross_sentence_window >= 0 and encoder_out is not None:  # fairseq's layers pass it to cross attention
@@ -191,8 +183,8 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                 stream_state: Optional[IncrementalState] = None, **kwargs):
         """fairseq's forward; with ``stream_state`` (a stateful LM: a dict in fairseq's incremental-state layout,
         ``{}`` at a stream's start), ``prev_output_tokens [B, T]`` is the next block of B text streams: every causal
-        RFA layer continues its state there (not detached), positions restart at the block. A decoding step after
-        the first that asks only for the output is :meth:`forward_step` (or the step engine's, which runs it)."""
+        RFA layer continues its state there (not detached), positions restart at the block. A decoding step after the
+        first that asks only for the output is :meth:`forward_step` (or the step engine's)."""
         if stream_state is None:
             if incremental_state and not (features_only or kwargs or self.decoding_attention):
                 tokens, position = prev_output_tokens[:, -1:], self._position_index(prev_output_tokens)
@@ -219,12 +211,11 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
 
     def forward_step(self, tokens: Tensor, position: Tensor, encoder_out, incremental_state: IncrementalState,
                      sentence: Optional[Tensor] = None) -> Tensor:
-        """One decoding step after the first: ``tokens [B, 1]`` (a pad neither writes nor decays a state) at
-        ``position`` (``[1]``, the position table's row: ``padding_idx`` + the tokens so far), every layer's state
-        in ``incremental_state``, with ``--sentence-index`` each row's sentence number ``sentence [B]``:
-        ``output_layer``'s ``[B, 1, V]``. Graph-ready: it writes the causal states in
-        place, reads the source only through the cross attention's state (``encoder_out``, unread, tells fairseq's
-        layer to run cross attention), reads nothing back to the host and keeps nothing it allocates."""
+        """One decoding step after the first: ``tokens [B, 1]`` at ``position`` (``[1]``: ``padding_idx`` + the tokens
+        so far), the layers' states in ``incremental_state``, with ``--sentence-index`` the rows' sentence numbers
+        ``sentence [B]``; returns ``[B, 1, V]``. Graph-ready: writes the causal states in place, reads the source only
+        through the cross attention's state (``encoder_out``, unread, makes fairseq's layer run cross attention), reads
+        nothing back to the host, keeps nothing it allocates."""
         positions = None
         if self.embed_positions is not None:
             positions = self._position_table().index_select(0, position)  # [1, C], the same for every row
@@ -277,8 +268,7 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         return None
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,
-                                    full_context_alignment: bool = False, alignment_layer=None,
-                                    alignment_heads=None):
+                                    full_context_alignment: bool = False, alignment_layer=None, alignment_heads=None):
         if full_context_alignment:
             raise NotImplementedError("RFA decoder self-attention is always causal: full_context_alignment "
                                       "(alignment supervision) is not supported")
@@ -293,11 +283,10 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
             softmax_key = prefix + "layers.0.self_attn.k_proj.weight"
             rfa_key = prefix + "layers.0.self_attn.feature_map.sigma"
             if softmax_key in state_dict and rfa_key not in state_dict:
-                raise RuntimeError("this checkpoint holds a softmax-attention decoder; an RFA architecture cannot "
-                                   "load it without an explicit conversion (its attention has no random features): "
-                                   "rfa-convert-from-softmax --input SOFTMAX.pt --output RFA.pt [--rfa-gate] "
-                                   "writes the RFA model with every shared weight copied, ready for "
-                                   "--finetune-from-model")
+                raise RuntimeError("this checkpoint holds a softmax-attention decoder; an RFA architecture cannot load "
+                                   "it without an explicit conversion (its attention has no random features): "
+                                   "rfa-convert-from-softmax --input SOFTMAX.pt --output RFA.pt [--rfa-gate] writes "
+                                   "the RFA model with every shared weight copied, ready for --finetune-from-model")
             state_dict[version_key] = torch.tensor([RFA_CHECKPOINT_VERSION])
         elif int(state_dict[version_key][0]) > RFA_CHECKPOINT_VERSION:
             raise RuntimeError(f"checkpoint RFA format version {int(state_dict[version_key][0])} is newer than this "

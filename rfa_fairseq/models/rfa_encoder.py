@@ -1,9 +1,7 @@
-"""The translation model's encoder with linear self-attention (RFA, FAVOR+ or LARA), Time x Batch x
-Channel inside layers; the padding mask (``[B, S]``, True = pad) keeps padded positions out of the keys,
-the values and LARA's landmarks. With ``--encoder-attention softmax`` (the default) the model builds
-fairseq's own encoder (:class:`SoftmaxTransformerEncoder`, which adds no weights), so softmax-encoder
-checkpoints hold exactly the weights they always did.
-"""
+"""The translation model's encoder with linear self-attention (RFA, FAVOR+ or LARA), Time x Batch x Channel inside
+layers; the padding mask (``[B, S]``, True = pad) keeps padded positions out of the keys, the values and LARA's
+landmarks. ``--encoder-attention softmax`` (the default) builds fairseq's own :class:`SoftmaxTransformerEncoder`, which
+adds no weights: softmax-encoder checkpoints hold exactly the weights they always did."""
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -23,12 +21,11 @@ ENCODER_MODULE_ID_BASE = 1 << 20
 @dataclass
 class EncoderAttentionConfig(FairseqDataclass):
     """Which self-attention the encoder uses, and its size (translation and classification)."""
-
     encoder_attention: ChoiceEnum(list(ENCODER_ATTENTIONS)) = field(default="softmax", metadata={
-        "help": "the encoder's self-attention (padding excluded): softmax (fairseq's, quadratic in the "
-                "source length), rfa (random Fourier features with a learned sigma, as the RFA decoder), "
-                "favor (Performer's positive random features) or lara (linear randomized attention, Zheng "
-                "et al. 2022); --attention-dropout applies to softmax only"})
+        "help": "the encoder's self-attention (padding excluded): softmax (fairseq's, quadratic in the source length), "
+                "rfa (random Fourier features with a learned sigma, as the RFA decoder), favor (Performer's positive "
+                "random features) or lara (linear randomized attention, Zheng et al. 2022); --attention-dropout "
+                "applies to softmax only"})
     encoder_feature_dim: int = field(default=64, metadata={
         "help": "random features D per head of --encoder-attention rfa (phi has 2D values) or favor"})
     lara_landmarks: int = field(default=16, metadata={
@@ -57,12 +54,11 @@ def encoder_attention_config_from(args) -> EncoderAttentionConfig:
 
 
 class BeamGroupedReorder:
-    """``reorder_encoder_out`` without fairseq's copy (an ``index_select`` of the T x (B * beam) x C output
-    after every step, costlier than the decoder step at long sources) where it would change nothing: while
-    the batch keeps its size, orders move rows only within their sentence's beam (``modules/beam.py``),
-    whose rows are copies of one row. Orders that drop sentences are applied as fairseq does. The output keeps
-    the source's tokens in fairseq's ``src_tokens`` slot (reordered with it): ``--cross-sentence-window`` numbers
-    the source's sentences from them."""
+    """``reorder_encoder_out`` without fairseq's copy (an ``index_select`` of the T x (B * beam) x C output after every
+    step, costlier than the decoder step at long sources) where it would change nothing: while the batch keeps its
+    size, orders move rows only within their sentence's beam (``modules/beam.py``), whose rows are copies of one row.
+    Orders that drop sentences are applied as fairseq does. The output keeps the source's tokens in fairseq's
+    ``src_tokens`` slot (reordered with it): ``--cross-sentence-window`` numbers the source's sentences from them."""
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
         out = super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)

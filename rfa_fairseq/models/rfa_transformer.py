@@ -4,13 +4,9 @@ import argparse
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerModel
-from fairseq.models.transformer.transformer_legacy import (
-    base_architecture,
-    transformer_iwslt_de_en,
-    transformer_vaswani_wmt_en_de_big,
-    transformer_vaswani_wmt_en_fr_big,
-    transformer_wmt_en_de,
-)
+from fairseq.models.transformer.transformer_legacy import (base_architecture, transformer_iwslt_de_en,
+                                                           transformer_vaswani_wmt_en_de_big,
+                                                           transformer_vaswani_wmt_en_fr_big, transformer_wmt_en_de)
 from omegaconf import OmegaConf
 
 from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
@@ -32,9 +28,8 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        gen_parser_from_dataclass(parser, RFAConfig(), delete_default=True)
-        gen_parser_from_dataclass(parser, TranslationAttentionConfig(), delete_default=True)
-        gen_parser_from_dataclass(parser, InferenceConfig(), delete_default=True)
+        for config in (RFAConfig(), TranslationAttentionConfig(), InferenceConfig()):
+            gen_parser_from_dataclass(parser, config, delete_default=True)
 
     @classmethod
     def build_model(cls, args, task):
@@ -58,8 +53,7 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
         return model
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        # Weights of the other kind of cross attention (another --cross-attention) would fail to load
-        # with a list of key names: name the choice that loads them instead.
+        # The other kind of cross attention's weights would fail with a list of key names: name the flag instead.
         prefix = "decoder.layers.0.encoder_attn."
         built = dict(self.named_modules()).get(prefix[:-1])
         if built is not None and any(key.startswith(prefix) for key in state_dict):

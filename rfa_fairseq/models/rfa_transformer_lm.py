@@ -80,8 +80,7 @@ def rfa_transformer_lm_wiki103(args):
 def rfa_transformer_lm_wiki103_small(args):
     """A small WikiText-103 setting (ours): the wiki103 recipe (adaptive input and softmax with
     cutoffs 20000,60000, tied weights, dropout 0.3) at 6 layers, 512 dims, 8 heads, FFN 2048."""
-    args.decoder_layers = safe_getattr(args, "decoder_layers", 6)
-    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 512)
-    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 2048)
-    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 8)
+    for name, value in (("decoder_layers", 6), ("decoder_embed_dim", 512), ("decoder_ffn_embed_dim", 2048),
+                        ("decoder_attention_heads", 8)):
+        setattr(args, name, safe_getattr(args, name, value))
     rfa_transformer_lm_wiki103(args)

@@ -18,46 +18,32 @@ RFA_CROSS_FIELDS = ("rfa_cross_feature_dim", "rfa_cross_abs_denominator", "rfa_c
 @dataclass
 class TranslationAttentionConfig(EncoderAttentionConfig):
     """The encoder's choices, and which attention the decoder uses."""
-
-    decoder_attention: ChoiceEnum(list(DECODER_ATTENTIONS)) = field(
-        default="rfa",
-        metadata={"help": "the decoder's attention: rfa (causal RFA self-attention shaped by the --rfa-* flags, "
-                          "cross attention as --cross-attention says) or softmax (fairseq's own decoder; the --rfa-* "
-                          "flags then must keep their defaults)"},
-    )
-    cross_attention: ChoiceEnum(list(CROSS_ATTENTIONS)) = field(
-        default="softmax",
-        metadata={"help": "the RFA decoder's cross attention: softmax (fairseq's, over the cached encoder output: its "
-                          "cost per step grows with the source length, not the output length; the better BLEU, see "
-                          "docs/quality.md) or rfa (the paper's: random features, a source summary of fixed size)"},
-    )
-    decoding_attention: bool = field(
-        default=False,
-        metadata={"help": "return the last decoder layer's cross-attention weights in every decoding step, as "
-                          "fairseq's transformer does, for hypo['attention']. Off by default: the generator reorders "
-                          "a beam x source x output copy of them after every step, as costly as the decoder at long "
-                          "inputs. fairseq-generate --print-alignment does not need them (it aligns in its own pass)"},
-    )
-    sentence_index: bool = field(
-        default=False,
-        metadata={"help": "documents with <sep> between sentences (scripts/make_documents.py): add to every source and "
-                          "target token's input a sinusoidal embedding of its sentence's number, the target's counted "
-                          "from the separators written (rfa_fairseq/models/sentence_index.py; docs/quality.md)"},
-    )
-    no_sentence_alignment: bool = field(
-        default=False,
-        metadata={"help": "with --sentence-index, decoding writes one sentence per source sentence: a hypothesis "
-                          "ends only after the source's last sentence and opens none past it (fairseq-generate, "
-                          "-interactive; beam search and sampling). This flag turns that off. For a trained "
-                          "checkpoint: --model-overrides \"{'no_sentence_alignment': True}\""},
-    )
-    cross_sentence_window: int = field(
-        default=-1,
-        metadata={"help": "with --sentence-index: softmax cross attention reads only the source sentences within K of "
-                          "the sentence being written (0: that one; 1: also the one before and after), so a decoding "
-                          "step reads a few sentences, not the whole document (rfa_fairseq/ops/sentence_window.py). "
-                          "-1: the whole source"},
-    )
+    decoder_attention: ChoiceEnum(list(DECODER_ATTENTIONS)) = field(default="rfa", metadata={
+        "help": "the decoder's attention: rfa (causal RFA self-attention shaped by the --rfa-* flags, cross attention "
+                "as --cross-attention says) or softmax (fairseq's own decoder; the --rfa-* flags then must keep their "
+                "defaults)"})
+    cross_attention: ChoiceEnum(list(CROSS_ATTENTIONS)) = field(default="softmax", metadata={
+        "help": "the RFA decoder's cross attention: softmax (fairseq's, over the cached encoder output: its cost per "
+                "step grows with the source length, not the output length; the better BLEU, see docs/quality.md) or "
+                "rfa (the paper's: random features, a source summary of fixed size)"})
+    decoding_attention: bool = field(default=False, metadata={
+        "help": "return the last decoder layer's cross-attention weights in every decoding step, as fairseq's "
+                "transformer does, for hypo['attention']. Off by default: the generator reorders a beam x source x "
+                "output copy of them after every step, as costly as the decoder at long inputs. fairseq-generate "
+                "--print-alignment does not need them (it aligns in its own pass)"})
+    sentence_index: bool = field(default=False, metadata={
+        "help": "documents with <sep> between sentences (scripts/make_documents.py): add to every source and target "
+                "token's input a sinusoidal embedding of its sentence's number, the target's counted from the "
+                "separators written (rfa_fairseq/models/sentence_index.py; docs/quality.md)"})
+    no_sentence_alignment: bool = field(default=False, metadata={
+        "help": "with --sentence-index, decoding writes one sentence per source sentence: a hypothesis ends only after "
+                "the source's last sentence and opens none past it (fairseq-generate, -interactive; beam search and "
+                "sampling). This flag turns that off. For a trained checkpoint: --model-overrides "
+                "\"{'no_sentence_alignment': True}\""})
+    cross_sentence_window: int = field(default=-1, metadata={
+        "help": "with --sentence-index: softmax cross attention reads only the source sentences within K of the "
+                "sentence being written (0: that one; 1: also the one before and after), so a decoding step reads a "
+                "few sentences, not the whole document (rfa_fairseq/ops/sentence_window.py). -1: the whole source"})
 
 
 ATTENTION_FIELDS = tuple(f.name for f in fields(TranslationAttentionConfig))
@@ -69,8 +55,8 @@ def fill_attention_defaults(args):
 
 
 def attention_config_from(args) -> TranslationAttentionConfig:
-    """Read and validate the attention choices (and, with a softmax decoder, that no ``--rfa-*``
-    flag was changed). Raises ValueError naming the offending flag."""
+    """Read and validate the attention choices (with a softmax decoder: no ``--rfa-*`` flag changed); ValueError
+    names the offending flag."""
     values = dict(read_fields(TranslationAttentionConfig, args), **vars(encoder_attention_config_from(args)))
     for name, choices in (("decoder_attention", DECODER_ATTENTIONS), ("cross_attention", CROSS_ATTENTIONS)):
         values[name] = one_of(flag(name), values[name], choices)

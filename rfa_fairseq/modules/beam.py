@@ -1,11 +1,9 @@
 """The layout of fairseq's beam search, for the modules that keep decoding state.
 
-fairseq's SequenceGenerator repeats each source ``beam`` times, sentence-major, tells the model the
-beam through ``set_beam_size`` (for beams above 1), and after every step reorders the state with
-``new_order``: each row's index in the previous step, always among its own sentence's rows; the batch
-shrinks when finished sentences leave. Modules rely on that layout instead of checking it, which
-would read the order on the host every step.
-"""
+fairseq's SequenceGenerator repeats each source ``beam`` times, sentence-major, tells the model the beam through
+``set_beam_size`` (for beams above 1), and after every step reorders the state with ``new_order``: each row's index in
+the previous step, always among its own sentence's rows; the batch shrinks when finished sentences leave. Modules rely
+on that layout instead of checking it, which would read the order on the host every step."""
 import torch
 from torch import Tensor
 
@@ -32,10 +30,9 @@ class BeamLayout:
 
 
 def reorder_rows_(buffer: dict, names, new_order: Tensor):
-    """Beam search's reorder of each ``buffer[name]``, ``name`` in ``names``: the rows that ``new_order`` keeps.
-    Without autograd they are gathered into a spare buffer kept beside it, ``spare_<name>`` (the two then swap
-    roles; into its front when finished sentences shrink the batch): a step allocates no state-sized memory (which
-    the system would zero page by page) and the state alternates between two places (step_graphs)."""
+    """Beam search's reorder of each ``buffer[name]`` to the rows ``new_order`` picks; without autograd into a spare
+    beside it, ``spare_<name>`` (the two then swap roles; into its front when finished sentences shrink the batch): a
+    step allocates no state-sized memory (zeroed page by page); the state alternates in two places (step_graphs)."""
     rows = new_order.numel()
     for name in names:
         state, spare = buffer[name], buffer.pop("spare_" + name, None)

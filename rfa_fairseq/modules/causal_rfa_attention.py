@@ -1,15 +1,12 @@
 """CausalRFAttention: RFA / RFA-Gate self-attention for decoders and language models.
 
-Drop-in for fairseq's MultiheadAttention in a decoder layer's ``self_attn`` slot (same call
-signature), Time x Batch x Channel. Causality is structural (the recurrence only looks back), so
-the decoder's future mask adds nothing and is only checked for shape.
+Drop-in for fairseq's MultiheadAttention in a decoder layer's ``self_attn`` slot (same call signature), Time x Batch x
+Channel. Causality is structural (the recurrence only looks back): the decoder's future mask is only checked for shape.
 
-One linear layer, ``in_proj``, computes q, k, v and the gate's logit, in training and in decoding. With an
-incremental state the module keeps its op's state under its key, ``{"state": [S | z]}``, beside a spare buffer
-for beam reorders; its size does not depend on the tokens before. One token is a recurrent step (pads masked in
-it, nothing read back to the host); several (a prompt, a stateful language model's next block) go through the
-chunked form from the state and leave their final state there.
-"""
+One linear layer, ``in_proj``, computes q, k, v and the gate's logit. With an incremental state the module keeps its
+op's state under its key, ``{"state": [S | z]}``, beside a spare buffer for beam reorders; its size does not depend on
+the tokens before. One token is a recurrent step (pads masked in it, nothing read back to the host); several (a prompt,
+a stateful language model's next block) go through the chunked form from the state and leave their final state there."""
 from typing import Optional, Tuple
 
 import torch
@@ -31,21 +28,11 @@ from .rfa_attention_base import IncrementalState, RFAttentionBase, init_projecti
 
 
 class CausalRFAttention(BeamLayout, RFAttentionBase):
-    """Causal random feature attention, optionally gated (RFA-Gate). The ``--rfa-*`` flags of ``config.py`` say
-    more of each argument.
-
-    Args:
-        embed_dim: model dimension ``C``; num_heads: ``H`` (``K = C / H``).
-        feature_map: the :class:`RandomFeatureMap` shared by queries and keys.
-        gate: learn ``g_t = sigmoid(w_g . x_t + b_g)`` per head and step, in the form ``gate_form`` (``"convex"``
-            or ``"decay"``: ``ops.naive_causal_rfa``), with ``b_g`` starting at ``gate_bias``.
-        recompute: under autograd, keep only the input ``x`` of a multi-token call for the backward pass;
-            recompute_segment: the same, segment by segment (each keeping its entering state), past this many
-            tokens (0: no segments).
-        backend: the kernels of a multi-token call, ``torch``, ``fla`` (``ops/causal_rfa/fla.py``: no segments,
-            its memory is linear in the length) or ``auto`` (``fla_chosen``); one-token steps are torch's on
-            every backend.
-    """
+    """Causal random feature attention, optionally gated (RFA-Gate: ``g_t = sigmoid(w_g . x_t + b_g)`` per head and
+    step, ``b_g`` starting at ``gate_bias``, in the form ``gate_form``: ``ops.naive_causal_rfa``). ``embed_dim``: ``C``;
+    ``num_heads``: ``H`` (``K = C / H``); ``feature_map``: shared by queries and keys. The other arguments are the
+    ``--rfa-*`` flags of ``config.py``: ``recompute`` and ``recompute_segment`` act on multi-token calls under autograd
+    (:meth:`_tokens`), ``backend`` picks a multi-token call's kernels (``fla_chosen``; one-token steps are torch's)."""
 
     STATE_KEY = "causal_rfa"
 
@@ -76,29 +63,22 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
                 state_dict[f"{prefix}in_proj.{part}"] = torch.cat([state_dict.pop(key) for key in keys])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def _heads(self, x: Tensor, key_padding_mask: Optional[Tensor]):
-        """From ``x [T, B, C]``: the heads ``qk [2, B, H, T, K]`` (queries, keys) and ``v [B, H, T, K]``, views of
-        one projection, ``log g [B, H, T]`` (or None; 0 at the pads) and the padding ``[B, 1, T]`` (or None)."""
+    def _inputs(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor] = None):
+        """What this module's op takes, from ``x [T, B, C]`` by one projection: ``q, k [B, H, T, F]`` (phi(k) = 0 at
+        the pads), ``v [B, H, T, K]`` and ``log g [B, H, T]`` (or None; 0 at the pads)."""
         T, B, C = x.shape
         y = self.in_proj(x)
         qkv = y[..., :3 * C].view(T, B, 3, self.num_heads, self.head_dim).permute(2, 1, 3, 0, 4)
-        log_g = pad = None
+        log_g = None
         if self.gated:
             log_g = F.logsigmoid(y[..., 3 * C:].to(compute_dtype(y))).permute(1, 2, 0)  # [B, H, T], fp32 (fp64 for fp64)
-        if key_padding_mask is not None:
-            # A padded step neither writes (k = 0) nor decays (log g = 0) the state.
+        q, k = self.feature_map(qkv[:2], random_matrix)  # queries and keys share the map: one call
+        if key_padding_mask is not None:  # a padded step neither writes (k = 0) nor decays (log g = 0) the state
             pad = key_padding_mask.unsqueeze(1)
             pad = pad if pad.dtype == torch.bool else pad.bool()
-            if log_g is not None:
-                log_g = log_g.masked_fill(pad, 0.0)
-        return qkv[:2], qkv[2], log_g, pad
-
-    def _inputs(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor] = None):
-        """What this module's op takes: ``q, k [B, H, T, F]`` (phi(k) = 0 at the pads), ``v`` and ``log g``
-        (or None)."""
-        qk, v, log_g, pad = self._heads(x, key_padding_mask)
-        q, k = self.feature_map(qk, random_matrix)  # queries and keys share the map: one call
-        return q, (k if pad is None else k.masked_fill(pad.unsqueeze(-1), 0.0)), v, log_g
+            log_g = None if log_g is None else log_g.masked_fill(pad, 0.0)
+            k = k.masked_fill(pad.unsqueeze(-1), 0.0)
+        return q, k, qkv[2], log_g
 
     def _segment(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor],
                  state, output_final_state: bool):
@@ -113,10 +93,10 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def _tokens(self, x: Tensor, key_padding_mask: Optional[Tensor], state: Optional[Tensor] = None,
                 output_final_state: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
         """Tokens ``x [T, B, C]`` at once from ``state`` (training, scoring, prompts). Under autograd, with
-        ``recompute`` or past ``recompute_segment`` tokens, one checkpoint per segment keeps only its input
-        (a view of ``x``) and entering state; the backward pass recomputes the rest from a copy of this
-        step's random matrix. Keeping ``x`` rather than the heads brings training memory to softmax's
-        (fairseq's attention keeps ``x``, ``q``, ``k``, ``v`` and its output; this, ``x`` and the output)."""
+        ``recompute`` or past ``recompute_segment`` tokens, one checkpoint per segment keeps only its input (a view of
+        ``x``) and entering state; the backward pass recomputes the rest from a copy of this step's random matrix.
+        Keeping ``x`` rather than the heads brings training memory to softmax's (fairseq's attention keeps ``x``,
+        ``q``, ``k``, ``v`` and its output; this, ``x`` and the output)."""
         T = x.size(0)
         segment = T if self._fla(x) else self.recompute_segment or T
         if not torch.is_grad_enabled() or not (self.recompute or T > segment):
@@ -134,8 +114,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
               spare: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         """One token ``x [1, B, C]``: ``out [B, C]`` (the heads side by side) and the state, advanced in place without
         autograd (the state was made by this module: a step, the chunked form or a reorder), or with ``spare`` by the
-        fused op from the rows ``parents`` into ``spare``. What :meth:`_inputs` does, for one token in fewer
-        operators (a step's time is their number): no time axis, no permutes."""
+        fused op from rows ``parents`` into ``spare``. :meth:`_inputs` in fewer operators (they set a step's time)."""
         B, C, H, K = x.size(1), self.embed_dim, self.num_heads, self.head_dim
         y = self.in_proj(x[0])  # [B, 3C (+ H)]
         q, k = self.feature_map(y[:, :2 * C].view(B, 2, H, 1, K)).squeeze(-2).unbind(1)  # [B, H, F] each
@@ -156,9 +135,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
                 key_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
                 need_weights: bool = False, static_kv: bool = False, attn_mask: Optional[Tensor] = None,
                 before_softmax: bool = False, need_head_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
-        """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad). With ``incremental_state``,
-        the tokens continue this module's state there and leave it advanced. Returns ``([T, B, C], None)``:
-        there is no attention matrix to return (``need_weights`` is accepted for compatibility)."""
+        """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad); returns ``([T, B, C], None)``."""
         if (key is not None and key is not query) or (value is not None and value is not query):
             raise ValueError("CausalRFAttention is self-attention: key and value must be the query tensor")
         if static_kv or before_softmax:
@@ -176,26 +153,21 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
                 spare = state.new_empty((rows,) + state.shape[1:])
             buffer["spare_state"] = state
             out, state = self._step(query, key_padding_mask, state, parents, spare[:rows])
-            out = out[None]
-        elif T == 1:  # a decoding step
-            if parents is not None:
-                state = reorder_rows_(buffer, ["state"], parents)["state"]
-            out, state = self._step(query, key_padding_mask, state)
-            out = out[None]
         else:
             if parents is not None:
                 state = reorder_rows_(buffer, ["state"], parents)["state"]
-            out, state = self._tokens(query, key_padding_mask, state, True)
-            out = merge_heads(out)
+            if T == 1:  # a decoding step
+                out, state = self._step(query, key_padding_mask, state)
+            else:
+                out, state = self._tokens(query, key_padding_mask, state, True)
         buffer["state"] = state
         self._set_input_buffer(incremental_state, buffer)
-        return self.out_proj(out), None
+        return self.out_proj(out[None] if T == 1 else merge_heads(out)), None
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
-        """Beam search: the state rows the hypotheses continue (beam 1, same batch: none). On the CPU without
-        autograd the reorder is deferred, ``new_order`` kept in the buffer as ``parents`` (composed with one pending),
-        for the next step to gather in its pass over the state (:mod:`ops.causal_rfa.fused`, the ONNX step); else
-        ``beam.reorder_rows_`` now."""
+        """Beam search: the state rows the hypotheses continue (beam 1, same batch: none). On the CPU without autograd
+        deferred, ``new_order`` kept in the buffer as ``parents`` (composed with one pending) for the next step to
+        gather in its pass over the state (:mod:`ops.causal_rfa.fused`, the ONNX step); else ``reorder_rows_`` now."""
         buffer = self._get_input_buffer(incremental_state)
         state, pending = buffer.get("state"), buffer.get("parents")
         rows = None if state is None else state.size(0) if pending is None else pending.numel()

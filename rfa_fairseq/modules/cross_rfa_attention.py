@@ -1,15 +1,13 @@
 """CrossRFAttention: RFA for the decoder's attention over the encoder output, a drop-in for fairseq's
 MultiheadAttention in a decoder layer's ``encoder_attn`` slot, Time x Batch x Channel.
 
-In decoding the source is summarised once into a state ``[S | z]`` ``[Bs, H, F, K + 1]`` (padding
-excluded), read at O(F K) per query and head. A whole target at once (training, scoring) takes
-whichever of that summary and the ``[Tq, S]`` feature products costs fewer multiply-adds
-(``ops.quadratic_is_cheaper``): the same numbers either way.
+In decoding the source is summarised once into a state ``[S | z]`` ``[Bs, H, F, K + 1]`` (padding excluded), read at
+O(F K) per query and head. A whole target at once (training, scoring) takes whichever of that summary and the
+``[Tq, S]`` feature products costs fewer multiply-adds (``ops.quadratic_is_cheaper``): the same numbers either way.
 
-Beam search (the generator's layout, ``modules/beam.py``): the state is computed from one copy per sentence and
-each sentence's beams read it as one group of queries; reordering is a no-op while the batch keeps its sentences,
-an index by sentence when finished ones are dropped.
-"""
+Beam search (``modules/beam.py``): the state is computed from one copy per sentence and each sentence's beams read it
+as one group of queries; reordering is a no-op while the batch keeps its sentences, an index by sentence when finished
+ones are dropped."""
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -26,16 +24,10 @@ from .rfa_attention_base import IncrementalState, RFAttentionBase
 
 
 class CrossRFAttention(BeamLayout, RFAttentionBase):
-    """Non-causal random feature attention from decoder queries to encoder keys/values.
-
-    Args:
-        embed_dim: decoder dimension ``C``; kdim: encoder dimension; num_heads: ``H``.
-        feature_map: the :class:`RandomFeatureMap` shared by queries and keys.
-        recompute: under autograd, without a decoding state or weights asked for, keep only the heads
-            ``q, k, v`` for the backward pass, which computes the rest again (as :class:`CausalRFAttention`).
-        abs_denominator: clamp ``|phi(q) . z|`` rather than ``phi(q) . z`` (the authors' code).
-        norm_rescale: weight each key's features by ``exp(|k|^2 / 2K)`` (``ops.key_norm_weights``).
-    """
+    """Non-causal random feature attention from decoder queries (``embed_dim``) to encoder keys/values (``kdim``).
+    ``recompute``: under autograd, without a decoding state or weights asked for, keep only the heads ``q, k, v`` for
+    the backward pass; ``abs_denominator``: clamp ``|phi(q) . z|`` rather than ``phi(q) . z`` (the authors' code);
+    ``norm_rescale``: weight each key's features by ``exp(|k|^2 / 2K)`` (``ops.key_norm_weights``)."""
 
     STATE_KEY = "cross_rfa"
 

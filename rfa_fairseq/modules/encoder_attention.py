@@ -1,9 +1,8 @@
 """Encoder self-attention of every kind behind one builder, for the ``self_attn`` slot of fairseq's
-``TransformerEncoderLayerBase`` (Time x Batch x Channel): ``softmax`` (fairseq's MultiheadAttention), or
-non-causal linear attention over the whole source, padding excluded as keys: ``rfa`` (the decoder's
-random Fourier features with a learned sigma) and ``favor`` (Performer's positive features), both the
-decoder's cross attention with the source as its own keys, or ``lara`` (``ops.lara``).
-"""
+``TransformerEncoderLayerBase`` (Time x Batch x Channel): ``softmax`` (fairseq's MultiheadAttention), or non-causal
+linear attention over the whole source, padding excluded as keys: ``rfa`` (the decoder's random Fourier features with a
+learned sigma) and ``favor`` (Performer's positive features), both the decoder's cross attention with the source as its
+own keys, or ``lara`` (``ops.lara``)."""
 from typing import Optional, Tuple
 
 from fairseq.modules import MultiheadAttention
@@ -19,9 +18,8 @@ RFA_KERNELS = {"rfa": "gaussian", "favor": "favor"}  # each random-feature kind'
 
 
 class EncoderRFAttention(CrossRFAttention):
-    """Non-causal RFA self-attention over the whole source: cross RFA with the source as its own keys.
-    query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad). Returns ``([T, B, C], None)``: no
-    weights, which would cost the T x T matrix that linear attention avoids."""
+    """Cross RFA with the source as its own keys. query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad).
+    Returns ``([T, B, C], None)``: no weights, which would cost the T x T matrix that linear attention avoids."""
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
@@ -32,16 +30,11 @@ class EncoderRFAttention(CrossRFAttention):
 
 def build_encoder_self_attention(kind: str, embed_dim: int, num_heads: int, dropout: float = 0.0,
                                  feature_dim: int = 64, landmarks: int = 16, module_id: int = 0) -> nn.Module:
-    """The encoder self-attention module of ``kind`` (one of :data:`ENCODER_ATTENTIONS`).
-
-    Args:
-        embed_dim: model dimension ``C``; num_heads: ``H`` (``C`` divisible by ``H``).
-        dropout: attention dropout of ``softmax`` (the linear kinds form no probabilities to drop).
-        feature_dim: random features ``D`` per head of ``rfa`` (phi has ``2D`` values) and ``favor``.
-        landmarks: ``C`` of ``lara``: landmarks, proposals and samples per head.
-        module_id: tells the random matrix of ``rfa`` / ``favor`` apart from the model's other modules'
-            (draws are seeded from fairseq's seed, the update number and this id).
-    """
+    """The encoder self-attention module of ``kind`` (one of :data:`ENCODER_ATTENTIONS`), ``embed_dim`` divisible by
+    ``num_heads``. ``dropout``: of ``softmax`` (the linear kinds form no probabilities to drop); ``feature_dim``: random
+    features ``D`` per head of ``rfa`` (phi has ``2D`` values) and ``favor``; ``landmarks``: ``C`` of ``lara``
+    (landmarks, proposals and samples per head); ``module_id``: seeds the random matrix of ``rfa`` / ``favor`` apart
+    from the model's other modules' (with fairseq's seed and the update number)."""
     one_of("encoder attention", kind, ENCODER_ATTENTIONS)
     divisible_heads(embed_dim, num_heads)
     if kind == "softmax":

@@ -22,19 +22,15 @@ def check_self_attention_call(name: str, query: Tensor, key: Optional[Tensor], v
 
 
 class LARAttention(nn.Module):
-    """LARA self-attention over a whole sequence (non-causal: the landmarks need every position).
+    """LARA self-attention over a whole sequence (non-causal: the landmarks need every position). ``embed_dim``: ``C``;
+    ``num_heads``: ``H`` (``K = C / H``); ``landmarks`` per head: proposals, and samples (one per proposal), cost linear
+    in them; ``alpha_coeff``: ``lambda`` of the query-specific weights (``ops.lara``; 1 as the paper).
 
-    Args:
-        embed_dim: model dimension ``C``; num_heads: ``H`` (``K = C / H``).
-        landmarks: landmarks per head: proposals, and samples (one per proposal); cost linear in them.
-        alpha_coeff: ``lambda`` of the query-specific weights (``ops.lara``; 1 as the paper).
-
-    Projections are initialised as fairseq's MultiheadAttention's, and queries and keys scaled by
-    ``K^-1/4`` each, so the estimate is a softmax layer's ``softmax(q k^T / sqrt(K)) v``. In training
-    each proposal draws a fresh sample per sequence and head (torch's random stream, which fairseq
-    reseeds from ``--seed`` and the update number); in evaluation the sample is the proposal's mean, as
-    in the authors' code: deterministic, and closer to softmax attention than a random sample.
-    """
+    Projections are initialised as fairseq's MultiheadAttention's, and queries and keys scaled by ``K^-1/4`` each, so
+    the estimate is a softmax layer's ``softmax(q k^T / sqrt(K)) v``. In training each proposal draws a fresh sample
+    per sequence and head (torch's random stream, which fairseq reseeds from ``--seed`` and the update number); in
+    evaluation the sample is the proposal's mean, as in the authors' code: deterministic, and closer to softmax
+    attention than a random sample."""
 
     def __init__(self, embed_dim: int, num_heads: int, landmarks: int = 16, bias: bool = True,
                  alpha_coeff: float = 1.0):
@@ -54,8 +50,7 @@ class LARAttention(nn.Module):
     def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None, need_weights: bool = False,
                 attn_mask: Optional[Tensor] = None) -> Tuple[Tensor, None]:
-        """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad). Returns ``([T, B, C], None)``
-        (``need_weights`` is accepted for fairseq's call signature; LARA forms no weights)."""
+        """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad). Returns ``([T, B, C], None)``."""
         check_self_attention_call(type(self).__name__, query, key, value, attn_mask)
         scale = self.head_dim ** -0.25
         q = split_heads(self.q_proj(query), self.num_heads) * scale

@@ -1,11 +1,10 @@
 """RandomFeatureMap: the learned per-head scale sigma plus the random matrix, as an nn.Module.
 
-The random matrix ``[H, D, K]`` is a buffer, saved in checkpoints, so a loaded model decodes exactly
-as it was validated. In training it is redrawn whenever the step changes, unless ``fixed``. Draws are
-seeded from ``(torch.initial_seed(), num_updates, module_id)``; fairseq reseeds torch with ``--seed +
-num_updates`` at every update on every rank, so draws follow fairseq's seed, agree across ranks and
-repeat on resume. A private CPU generator keeps them apart from dropout's random stream.
-"""
+The random matrix ``[H, D, K]`` is a buffer, saved in checkpoints, so a loaded model decodes exactly as it was
+validated. In training it is redrawn whenever the step changes, unless ``fixed``. Draws are seeded from
+``(torch.initial_seed(), num_updates, module_id)``; fairseq reseeds torch with ``--seed + num_updates`` at every update
+on every rank, so draws follow fairseq's seed, agree across ranks and repeat on resume. A private CPU generator keeps
+them apart from dropout's random stream."""
 from typing import Optional
 
 import torch
@@ -18,8 +17,8 @@ _M64 = 2**64 - 1
 
 
 def draw_seed(initial_seed: int, num_updates: int, module_id: int) -> int:
-    """A 63-bit seed from the three integers by arithmetic alone (splitmix64's mixing step on each
-    in turn), so a resumed run draws the same matrices whatever the interpreter's ``hash``."""
+    """A 63-bit seed from the three integers by arithmetic alone (splitmix64's mixing step on each in turn), so a
+    resumed run draws the same matrices whatever the interpreter's ``hash``."""
     x = 0
     for part in (initial_seed, num_updates, module_id):
         x = ((x ^ (part & _M64)) + 0x9E3779B97F4A7C15) & _M64
@@ -35,9 +34,8 @@ def feature_map_id(layer: int, cross: bool) -> int:
 
 
 class RandomFeatureMap(nn.Module):
-    """phi(x) for queries and keys ``[B, H, T, K]`` of one attention module: L2-normalised, scaled
-    element-wise by the learned ``sigma [H, K]``, mapped by ``kernel`` (``ops.feature_maps``) to
-    ``[B, H, T, F]`` in fp32."""
+    """phi(x) for queries and keys ``[B, H, T, K]`` of one attention module: L2-normalised, scaled element-wise by
+    the learned ``sigma [H, K]``, mapped by ``kernel`` (``ops.feature_maps``) to ``[B, H, T, F]`` in fp32."""
 
     def __init__(self, num_heads: int, head_dim: int, num_features: int, kernel: str = "gaussian",
                  random_matrix: str = "orthogonal", init_sigma: float = 1.0, module_id: int = 0, fixed: bool = False):
@@ -63,8 +61,7 @@ class RandomFeatureMap(nn.Module):
     @torch.no_grad()
     def redraw(self, seed: int = None):
         """Draw a new random matrix (from ``seed``, or from the current step's seed)."""
-        if seed is None:
-            seed = self.draw_seed()
+        seed = self.draw_seed() if seed is None else seed
         gen = torch.Generator().manual_seed(seed)
         w = sample_random_matrix(self.random_matrix_kind, self.num_heads, self.num_features, self.head_dim, gen)
         self.random_matrix.copy_(w)
@@ -78,8 +75,8 @@ class RandomFeatureMap(nn.Module):
                 self.redraw(seed)
 
     def matrix_for_recompute(self) -> Tensor:
-        """A copy of this step's random matrix (drawn now if it is not yet) for a backward pass that
-        recomputes the features: the buffer itself is redrawn in place at the next training step."""
+        """A copy of this step's random matrix (drawn now if it is not yet) for a backward pass that recomputes the
+        features: the buffer itself is redrawn in place at the next training step."""
         return self.matrix().clone()
 
     def matrix(self, random_matrix: Optional[Tensor] = None) -> Tensor:
@@ -90,8 +87,7 @@ class RandomFeatureMap(nn.Module):
         return random_matrix
 
     def forward(self, x: Tensor, random_matrix: Optional[Tensor] = None) -> Tensor:
-        """phi(x). ``random_matrix``: a :meth:`matrix_for_recompute` copy to use instead of the
-        buffer (then there is no redraw check: the copy is of the current draw)."""
+        """phi(x); ``random_matrix``: a :meth:`matrix_for_recompute` copy to use instead of the buffer (no redraw)."""
         if random_matrix is None and self.kernel == "gaussian" and not (self.training or torch.is_grad_enabled()):
             return gaussian_step_features(x, *self.inference_weights(compute_dtype(x)))
         return feature_map(self.kernel, x, self.sigma, self.matrix(random_matrix))

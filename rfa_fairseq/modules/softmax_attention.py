@@ -1,6 +1,5 @@
-"""fairseq's softmax cross attention, its weights and numbers, with a leaner decoding cache: one copy of the source
-per sentence, not per beam; with a :class:`SentenceWindow` it reads only the source sentences near the one being
-written (``--cross-sentence-window``)."""
+"""fairseq's softmax cross attention, its weights and numbers, with a leaner decoding cache and, with a
+:class:`SentenceWindow`, only the source sentences near the one being written (``--cross-sentence-window``)."""
 from dataclasses import dataclass
 from typing import Optional, Tuple
 

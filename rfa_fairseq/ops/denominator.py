@@ -1,15 +1,12 @@
-"""The guard on RFA's denominator phi(q) . z, and the dtypes of the attention ops.
-
-phi(q) . z estimates a positive sum of kernel values, but with sin/cos features (``gaussian``) it can come out
-small or negative for a short history or few features, and blow the output up. It is clamped from below at
-``eps`` (``--rfa-eps``), in fp32 (its absolute value with ``--rfa-cross-abs-denominator``); for positive feature
-maps the floor only bounds how small it gets. Gradients do not flow through a clamped denominator.
-
-The authors' floors are much higher: their features are ``c [sin, cos]``, ours ``D^-1/2 [sin, cos]``, so their
-denominator is ours times ``c^2 D``: Noahs-ARK/RFA's 1.0 (c = 0.1) and T2R's 0.01 (c = 0.01) are both 1.56 in our
-units at D = 64, rfa-doc-mt's floor 0.31 at D = 32; their cross attention takes the absolute value first. In the
-paper's gated form phi(q) . z stays below about 1: such a floor, for ungated sums, would clamp almost every position.
-"""
+"""The guard on RFA's denominator phi(q) . z, and the dtypes of the attention ops. phi(q) . z estimates a positive sum
+of kernel values, but with sin/cos features (``gaussian``) it can come out small or negative for a short history or
+few features, and blow the output up. It is clamped from below at ``eps`` (``--rfa-eps``), in fp32 (its absolute
+value with ``--rfa-cross-abs-denominator``); for positive feature maps the floor only bounds how small it gets.
+Gradients do not flow through a clamped denominator. The authors' floors are much higher: their features are
+``c [sin, cos]``, ours ``D^-1/2 [sin, cos]``, so their denominator is ours times ``c^2 D``: Noahs-ARK/RFA's 1.0
+(c = 0.1) and T2R's 0.01 (c = 0.01) are both 1.56 in our units at D = 64, rfa-doc-mt's floor 0.31 at D = 32; their
+cross attention takes the absolute value first. In the paper's gated form phi(q) . z stays below about 1: such a
+floor, for ungated sums, would clamp almost every position."""
 import contextlib
 import functools
 
@@ -25,8 +22,7 @@ def compute_dtype(x: Tensor) -> torch.dtype:
 
 
 def as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
-    """``x`` in ``dtype``; ``x`` itself when it is already (cheaper than a call to ``Tensor.to``,
-    which a decoding step's few hundred numbers would notice)."""
+    """``x`` in ``dtype``; ``x`` itself when it is already (cheaper than ``Tensor.to``, as a decoding step notices)."""
     return x if x.dtype == dtype else x.to(dtype)
 
 
@@ -52,8 +48,7 @@ def cast_finite(out: Tensor, out_dtype: torch.dtype) -> Tensor:
 
 
 def exact_dtypes(op):
-    """``op`` run with torch.autocast off on every device where it is on, so the dtypes are the op's own
-    (fp32 accumulation for half inputs), under autocast as without it."""
+    """``op`` run with autocast off where it is on: the op's own dtypes (fp32 accumulation for half inputs) always."""
     @functools.wraps(op)
     def run(*args, **kwargs):
         on = [device for device in ("cuda", "cpu") if torch.is_autocast_enabled(device)]

@@ -21,8 +21,7 @@ def sample_orthogonal_matrix(num_heads: int, num_features: int, head_dim: int,
     num_blocks = -(-num_features // head_dim)
     gauss = torch.randn(num_heads, num_blocks, head_dim, head_dim, generator=generator)
     q, r = torch.linalg.qr(gauss)
-    # Fix the sign ambiguity of QR so the draw is Haar-distributed.
-    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
+    q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # QR's sign fixed: a Haar-distributed draw
     rows = q.transpose(-1, -2).reshape(num_heads, num_blocks * head_dim, head_dim)[:, :num_features]
     norms = torch.randn(num_heads, num_features, head_dim, generator=generator).norm(dim=-1)
     return rows * norms.unsqueeze(-1)
@@ -44,17 +43,16 @@ def l2_normalize(x: Tensor, eps: float = NORM_EPS) -> Tensor:
 
 
 def project(x: Tensor, random_matrix: Tensor) -> Tensor:
-    """``w_i . x`` for every random row: ``[..., H, T, K]`` x ``[H, D, K]`` -> ``[..., H, T, D]``. One bmm over
-    heads with each head's rows stacked: the matrix is never expanded per batch row (which would copy it for
-    every beam-search hypothesis)."""
+    """``w_i . x`` for every random row: ``[..., H, T, K]`` x ``[H, D, K]`` -> ``[..., H, T, D]``, one bmm over heads
+    (the matrix is never expanded per batch row, which would copy it for every beam-search hypothesis)."""
     *lead, H, T, K = x.shape
     rows = x.movedim(-3, 0).reshape(H, -1, K)
     return torch.bmm(rows, random_matrix.transpose(1, 2)).view(H, *lead, T, -1).movedim(0, -3)
 
 
 def random_fourier_features(x: Tensor, random_matrix: Tensor) -> Tensor:
-    """phi(x) = D^-1/2 [sin(w.x), cos(w.x)]; E[phi(x).phi(y)] = exp(-|x - y|^2 / 2) for the rows
-    ``w`` of ``random_matrix`` drawn from N(0, I) (the scale sigma is already applied to ``x``)."""
+    """phi(x) = D^-1/2 [sin(w.x), cos(w.x)]: E[phi(x).phi(y)] = exp(-|x - y|^2 / 2) for rows ``w`` ~ N(0, I)
+    (``x`` already scaled by sigma)."""
     proj = project(x, random_matrix)
     return torch.cat([torch.sin(proj), torch.cos(proj)], dim=-1) / math.sqrt(proj.shape[-1])
 
@@ -66,17 +64,15 @@ def arccos_features(x: Tensor, random_matrix: Tensor) -> Tensor:
 
 
 def favor_features(x: Tensor, random_matrix: Tensor) -> Tensor:
-    """Performer's FAVOR+ positive random features, phi(x) = D^-1/2 exp(w.x - |x|^2 / 2): E[phi(x).phi(y)] =
-    exp(x.y) for rows ``w`` drawn from N(0, I). No running maximum is subtracted (as Performer does):
-    ``w.x - |x|^2 / 2 <= |w|^2 / 2`` (about K / 2) is far inside fp32's range, and a maximum over the keys would
-    differ between a sequence and its prefixes, which token-by-token decoding could not reproduce."""
+    """Performer's FAVOR+, phi(x) = D^-1/2 exp(w.x - |x|^2 / 2): E[phi(x).phi(y)] = exp(x.y) for rows ``w`` ~ N(0, I).
+    Unlike Performer, no running maximum is subtracted: ``w.x - |x|^2 / 2 <= |w|^2 / 2`` (about K / 2) is far inside
+    fp32's range, and a maximum over the keys would differ between a sequence and its prefixes, breaking decoding."""
     proj = project(x, random_matrix)
     return torch.exp(proj - 0.5 * x.pow(2).sum(-1, keepdim=True)) / math.sqrt(proj.shape[-1])
 
 
 def elu_features(x: Tensor, random_matrix: Tensor) -> Tensor:
-    """phi(x) = elu(x) + 1 (Katharopoulos et al., 2020), deterministic: no random matrix, ``K``
-    positive values, the input is not normalised (only scaled by sigma)."""
+    """phi(x) = elu(x) + 1 (Katharopoulos et al., 2020): no random matrix, ``K`` positive values, x not normalised."""
     return torch.nn.functional.elu(x) + 1.0
 
 
@@ -109,8 +105,7 @@ def feature_size(kernel: str, num_features: int, head_dim: int) -> int:
 
 
 def scale_inputs(kernel: str, x: Tensor, sigma: Tensor) -> Tensor:
-    """``sigma * x / |x|`` (``elu``: ``sigma * x``) in fp32 (fp64 for fp64): what the kernel compares.
-    ``x [B, H, T, K]``, ``sigma [H, K]``."""
+    """``sigma * x / |x|`` (``elu``: ``sigma * x``) in fp32 (fp64 for fp64), ``x [B, H, T, K]``, ``sigma [H, K]``."""
     x = x.to(compute_dtype(x))
     if _kind(kernel).normalize:
         x = l2_normalize(x)
@@ -123,17 +118,14 @@ def features(kernel: str, scaled: Tensor, random_matrix: Tensor) -> Tensor:
 
 
 def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
-    """phi(sigma * x / |x|): queries and keys L2-normalised (except for ``elu``), scaled element-wise by
-    the learned ``sigma`` and mapped by ``kernel``. The scale goes on the inputs rather than the matrix:
-    ``1 / D`` of the projection's cost, and no per-call copy of the matrix."""
+    """phi(sigma * x / |x|) by ``kernel`` (``elu``: not normalised). The learned scale goes on the inputs, not the
+    matrix: ``1 / D`` of the projection's cost, and no per-call copy of the matrix."""
     return features(kernel, scale_inputs(kernel, x, sigma), random_matrix)
 
 
 def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor) -> Tuple[Tensor, Tensor]:
-    """The ``gaussian`` feature map precomputed for inference (:func:`gaussian_step_features`): the random matrix
-    ``[H, D, K]`` with sigma ``[H, K]`` folded in, twice side by side, and the phases ``[0, pi/2]`` that turn the
-    second half's sines into cosines (one bmm and one sine make ``[sin | cos]``): ``projection [H, K, 2 D]`` and
-    ``phase [2 D]``, in the dtype of ``random_matrix``."""
+    """For :func:`gaussian_step_features`, in ``random_matrix``'s dtype: ``projection [H, K, 2 D]``, the matrix with
+    sigma folded in, twice, and ``phase [2 D]``, ``[0, pi/2]``: one bmm and one sine make ``[sin | cos]``."""
     w = (random_matrix * sigma.to(random_matrix.dtype).unsqueeze(1)).transpose(1, 2)  # [H, K, D]
     D = w.size(-1)
     phase = torch.cat([w.new_zeros(D), w.new_full((D,), math.pi / 2)])

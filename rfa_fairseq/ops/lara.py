@@ -1,22 +1,19 @@
-"""LARA: linear randomised attention (Zheng, Wang and Kong, ICML 2022), pure torch.
-
-With ``xi(x, w) = exp(w . x - |x|^2 / 2)``, ``exp(q . k) = E_{w ~ N(0, I)}[xi(q, w) xi(k, w)]``, and softmax
-attention of query ``n`` is the expectation of ``f_n(w) = sum_m xi(k_m, w) v_m / sum_m xi(k_m, w)`` under
+"""LARA: linear randomised attention (Zheng, Wang and Kong, ICML 2022), pure torch, with ``xi(x, w)`` =
+``exp(w . x - |x|^2 / 2)``: ``exp(q . k) = E_{w ~ N(0, I)}[xi(q, w) xi(k, w)]``, and softmax attention of query ``n`` is
+the expectation of ``f_n(w) = sum_m xi(k_m, w) v_m / sum_m xi(k_m, w)`` under
 ``p_n(w) = sum_m softmax_m(q_n . k_m) N(w; q_n + k_m, I)`` (Prop. 1). Sampling ``w ~ p_n`` per query
-(:func:`randomized_attention`) is unbiased but quadratic; RFA and Performer draw ``w ~ N(0, I)`` and
-self-normalise (cheap, biased). LARA (Algorithm 3, default choices) shares ``C`` proposals between all queries
-and weighs them per query:
+(:func:`randomized_attention`) is unbiased but quadratic; RFA and Performer draw ``w ~ N(0, I)`` and self-normalise
+(cheap, biased). LARA (Algorithm 3, default choices) shares ``C`` proposals between all queries, weighed per query:
 
-1. landmarks ``q~_c``, ``k~_c``: the means of the queries and keys over ``C`` contiguous segments of the
-   non-padding positions; proposals ``q_c(w) = N(w; mu_c, I)``, ``mu_c = q~_c + k~_c`` (Eq. 34), one sample
-   each, ``w_c = mu_c + eps_c`` (``eps``: the caller's standard normal draw);
-2. ``alpha_nc(w) = q_c(w) / sum_c' q_c'(w) + lambda (r_nc - 1 / C)``, ``r_nc = softmax_c(q_n . q~_c)`` (Eq. 9),
-   summing to 1, clamped at :data:`ALPHA_FLOOR` (> 0; as the authors' code, both) so that the output is a
-   convex combination of the ``f_n(w_c)``, always finite;
-3. ``out_n = sum_c a_nc f_n(w_c) / sum_c a_nc``, ``a_nc = alpha_nc(w_c) p_n(w_c) / q_c(w_c)``, where the
-   ``N(w; 0, I)`` factor and ``Z_n`` of ``p_n / q_c = xi(q_n, w) sum_m xi(k_m, w) / (Z_n xi(mu_c, w))`` cancel:
-   O(T C K) per head, in log space so that large logits cannot overflow.
-"""
+1. landmarks ``q~_c``, ``k~_c``: the means of the queries and keys over ``C`` contiguous segments of the non-padding
+   positions; proposals ``q_c(w) = N(w; mu_c, I)``, ``mu_c = q~_c + k~_c`` (Eq. 34), one sample each,
+   ``w_c = mu_c + eps_c`` (``eps``: the caller's standard normal draw);
+2. ``alpha_nc(w) = q_c(w) / sum_c' q_c'(w) + lambda (r_nc - 1 / C)``, ``r_nc = softmax_c(q_n . q~_c)`` (Eq. 9), summing
+   to 1, clamped at :data:`ALPHA_FLOOR` (> 0; as the authors' code, both) so that the output is a convex combination
+   of the ``f_n(w_c)``, always finite;
+3. ``out_n = sum_c a_nc f_n(w_c) / sum_c a_nc``, ``a_nc = alpha_nc(w_c) p_n(w_c) / q_c(w_c)``, where the ``N(w; 0, I)``
+   factor and ``Z_n`` of ``p_n / q_c = xi(q_n, w) sum_m xi(k_m, w) / (Z_n xi(mu_c, w))`` cancel: O(T C K) per head,
+   in log space so that large logits cannot overflow."""
 import math
 from typing import Optional, Tuple
 
@@ -29,10 +26,9 @@ ALPHA_FLOOR = 1e-8
 
 
 def segment_landmarks(x: Tensor, key_padding_mask: Optional[Tensor], num_landmarks: int) -> Tuple[Tensor, Tensor]:
-    """Means of ``x [B, H, T, K]`` over ``C = num_landmarks`` contiguous segments of each sequence's non-padding
-    positions: ``[B, H, C, K]``, and ``present [B, C]`` (bool). The non-padding position of rank ``r`` of ``L``
-    falls in segment ``floor(r C / L)``, wherever the padding is (fairseq pads sources on the left). A row shorter
-    than ``C`` has ``C - L`` empty segments (``present`` False, mean 0) for the caller to leave out."""
+    """Means of ``x [B, H, T, K]`` over ``C = num_landmarks`` contiguous segments of each row's non-pad positions:
+    ``[B, H, C, K]``, and ``present [B, C]``. Non-pad ``r`` of ``L`` is in segment ``floor(r C / L)`` wherever the
+    padding is (fairseq pads on the left); ``L < C`` leaves ``C - L`` empty segments (``present`` False, mean 0)."""
     B, _, T, _ = x.shape
     valid = (torch.ones(B, T, dtype=torch.bool, device=x.device) if key_padding_mask is None
              else ~key_padding_mask.to(torch.bool))
@@ -59,37 +55,27 @@ def _log_xi(x: Tensor, w: Tensor) -> Tensor:
 
 def lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask: Optional[Tensor] = None,
          alpha_coeff: float = 1.0) -> Tensor:
-    """LARA's estimate of ``softmax(q k^T) v`` with ``C = noise.shape[-2]`` landmarks and samples.
-
-    Args:
-        q, k, v: ``[B, H, T, K]``, queries and keys scaled (a caller with raw heads multiplies each by ``K^-1/4``);
-        noise: standard normal ``[H, C, K]`` or ``[B, H, C, K]``: proposal ``c`` samples ``mu_c + noise_c``;
-        key_padding_mask: ``[B, T]``, True at padding (no key, in no landmark; every row needs a real position);
-        alpha_coeff: ``lambda`` of the query-specific weights (0: the balance heuristic alone).
-    Returns ``[B, H, T, K]`` in fp32 (fp64 for fp64 inputs).
-    """
+    """LARA's estimate of ``softmax(q k^T) v`` with ``C = noise.shape[-2]`` landmarks and samples, ``[B, H, T, K]`` in
+    fp32 (fp64 for fp64). ``q, k, v [B, H, T, K]``, q, k scaled (raw heads times ``K^-1/4``); ``noise``: N(0, I)
+    ``[(B,) H, C, K]``, ``w_c = mu_c + noise_c``; ``key_padding_mask [B, T]``: True at pads (no key or landmark; each
+    row needs a real position); ``alpha_coeff``: ``lambda`` of the query-specific weights (0: balance heuristic)."""
     acc = compute_dtype(q)
     q, k, v, noise = q.to(acc), k.to(acc), v.to(acc), noise.to(acc)
     C = noise.shape[-2]
     q_land, present = segment_landmarks(q, key_padding_mask, C)
-    k_land, _ = segment_landmarks(k, key_padding_mask, C)
     absent = ~present[:, None, :]  # [B, 1, C]
-    mu = q_land + k_land
+    mu = q_land + segment_landmarks(k, key_padding_mask, C)[0]  # q~_c + k~_c
     w = mu + noise  # [B, H, C, K]: one sample per proposal
-
     log_xi_k = _mask_keys(_log_xi(k, w), key_padding_mask)  # [B, H, C, T]
     f = torch.softmax(log_xi_k, dim=-1) @ v  # f_n(w_c) = sum_m xi(k_m, w_c) v_m / sum_m xi(k_m, w_c): [B, H, C, K]
     log_keys = torch.logsumexp(log_xi_k, dim=-1)  # log sum_m xi(k_m, w_c): [B, H, C]
-
     # log q_c'(w_c) up to the N(w; 0, I) factor shared by every density at w_c: [B, H, C, C'].
     log_prop = _log_xi(mu, w).masked_fill(absent.unsqueeze(-2), float("-inf"))
     log_own = torch.diagonal(log_prop, dim1=-2, dim2=-1)  # log q_c(w_c): [B, H, C]
     balance = torch.exp(log_own - torch.logsumexp(log_prop, dim=-1))  # [B, H, C]
-
     r = torch.softmax((q @ q_land.transpose(-1, -2)).masked_fill(absent.unsqueeze(-2), float("-inf")), dim=-1)
     num_present = present.sum(-1).to(acc)[:, None, None, None]  # [B, 1, 1, 1]
     alpha = (balance.unsqueeze(-2) + alpha_coeff * (r - 1.0 / num_present)).clamp_min(ALPHA_FLOOR)  # [B, H, T, C]
-
     # log a_nc = log alpha_nc + log xi(q_n, w_c) + log sum_m xi(k_m, w_c) - log xi(mu_c, w_c)
     log_a = torch.log(alpha) + _log_xi(q, w).transpose(-1, -2) + (log_keys - log_own).unsqueeze(-2)
     log_a = log_a.masked_fill(absent.unsqueeze(-2), float("-inf"))
@@ -98,8 +84,8 @@ def lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask: Optio
 
 def naive_lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask: Optional[Tensor] = None,
                alpha_coeff: float = 1.0) -> Tensor:
-    """The estimator of :func:`lara` from its definition, with loops: explicit Gaussian densities for
-    ``p_n`` and the proposals ``q_c``, ``xi(q_n, w)`` left in, nothing cancelled. Slow: small sizes only."""
+    """:func:`lara` from its definition, with loops: explicit Gaussian densities for ``p_n`` and the proposals
+    ``q_c``, ``xi(q_n, w)`` left in, nothing cancelled. Slow: small sizes only."""
     acc = compute_dtype(q)
     q, k, v, noise = q.to(acc), k.to(acc), v.to(acc), noise.to(acc)
     B, H, T, K = q.shape
@@ -109,7 +95,6 @@ def naive_lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask:
 
     def log_normal(w, mean):  # log N(w; mean, I)
         return -0.5 * (w - mean).pow(2).sum() - 0.5 * K * math.log(2 * math.pi)
-
     for b in range(B):
         keys = [j for j in range(T) if key_padding_mask is None or not bool(key_padding_mask[b, j])]
         L = len(keys)
@@ -135,8 +120,7 @@ def naive_lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask:
                                                 + wc @ k[b, h, m] - 0.5 * k[b, h, m] @ k[b, h, m]) for m in keys])
                     f = (xi.unsqueeze(-1) * torch.stack([v[b, h, m] for m in keys])).sum(0) / xi.sum()
                     a = alpha * torch.exp(log_p - log_q[c, c])
-                    num = num + a * f
-                    den = den + a
+                    num, den = num + a * f, den + a
                 out[b, h, n] = num / den
     return out
 
@@ -152,8 +136,8 @@ def randomized_attention(q: Tensor, k: Tensor, v: Tensor, num_samples: int = 1,
                          key_padding_mask: Optional[Tensor] = None,
                          generator: Optional[torch.Generator] = None) -> Tensor:
     """Randomised attention (RA), the paper's unbiased estimator: for every query ``n``, the mean of ``f_n(w)`` over
-    ``num_samples`` draws ``w ~ p_n`` (a key ``m`` with probability ``softmax_m(q_n . k_m)``, then ``w = q_n + k_m +
-    N(0, I)``). O(S T^2 K) per head: a reference. Shapes as :func:`lara`, the result in fp32 (fp64 for fp64)."""
+    ``num_samples`` draws ``w ~ p_n`` (a key ``m`` with probability ``softmax_m(q_n . k_m)``, then
+    ``w = q_n + k_m + N(0, I)``). O(S T^2 K) per head: a reference. Shapes and dtype as :func:`lara`."""
     acc = compute_dtype(q)
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     B, H, T, K = q.shape

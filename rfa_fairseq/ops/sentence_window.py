@@ -8,17 +8,15 @@ from torch import Tensor
 
 
 def window_mask(source: Tensor, target: Tensor, width: int) -> Tensor:
-    """``source [B, Ts]``, ``target [B, Tt]`` sentence numbers: ``[B, Tt, Ts]``, True where target position t reads
-    source position s."""
+    """``source [B, Ts]``, ``target [B, Tt]`` sentence numbers: ``[B, Tt, Ts]``, True where target t reads source s."""
     current = torch.minimum(target, source.amax(1, keepdim=True))
     return (source[:, None, :] - current[:, :, None]).abs().le(width) & source.ge(0)[:, None, :]
 
 
 def window_spans(source: Tensor, width: int) -> Tuple[Tensor, int]:
-    """``source [S, Ts]``'s windows for sentence numbers ``0 .. J - 1`` (J: the batch's most sentences; a number past
-    a source's last reads its last sentence's window, as ``window_mask``), each one span, as a source's tokens lie
-    between its pads: ``spans [S, J, 2]`` (a window's first position and the one past its last) and the widest
-    window's length. Reads J and that length back to the host: once per source batch."""
+    """``source [S, Ts]``'s windows for sentence numbers ``0 .. J - 1`` (J: the batch's most sentences; past a source's
+    last, its last sentence's window, as ``window_mask``), one span each (tokens lie between pads): ``spans [S, J, 2]``
+    (``[first, last + 1)``) and the widest window's length, read to the host once per source batch."""
     numbers = torch.arange(int(source.amax()) + 1, device=source.device).expand(source.size(0), -1)
     allowed = window_mask(source, numbers, width)
     count, first = allowed.sum(-1), allowed.to(torch.uint8).argmax(-1)  # argmax: the first of the maxima

@@ -3,8 +3,7 @@
 Training: shuffled blocks of ``--tokens-per-sample`` tokens, each starting from the state every causal RFA layer
 builds (without gradient) over the ``--burn-in-blocks`` blocks before it. Validation and ``fairseq-eval-lm`` carry
 the state through the split along contiguous streams of blocks (:func:`stream_layout`). Positions restart at every
-block: older text reaches the model only through the state, ``model(src_tokens, stream_state=STATE)``.
-"""
+block: older text reaches the model only through the state, ``model(src_tokens, stream_state=STATE)``."""
 import logging
 import os
 from collections import UserDict

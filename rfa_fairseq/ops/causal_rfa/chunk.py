@@ -1,12 +1,9 @@
-"""Chunked parallel causal RFA, for training and for multi-token incremental calls.
-
-Time is split into chunks of ``C``: inside a chunk the masked quadratic form ``(q k^T * decay, lower triangular)
-@ v``, across chunks the packed state ``[S | z]`` (a column of ones on ``v`` carries the denominator), in fp32.
-Memory per head is O(T C + (T / C) F K) instead of the O(T F K) of a cumsum of outer products. With a gate,
-``b`` is the inclusive cumulative sum of ``log g`` inside a chunk: position ``j`` reaches position ``i >= j`` of
-the chunk with weight ``exp(b_i - b_j) (1 - g_j)``, the differences masked to -inf above the diagonal *before*
-``exp``, so every exponent is <= 0.
-"""
+"""Chunked parallel causal RFA, for training and for multi-token incremental calls. Time is split into chunks of
+``C``: inside a chunk the masked quadratic form ``(q k^T * decay, lower triangular) @ v``, across chunks the packed
+state ``[S | z]``, in fp32: memory per head O(T C + (T / C) F K), not the O(T F K) of a cumsum of outer products. With
+a gate, ``b`` is the inclusive cumulative sum of ``log g`` inside a chunk: position ``j`` reaches position ``i >= j``
+of the chunk with weight ``exp(b_i - b_j) (1 - g_j)``, the differences masked to -inf above the diagonal *before*
+``exp``, so every exponent is <= 0."""
 from typing import Optional, Tuple
 
 import torch
@@ -27,18 +24,16 @@ def chunk_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = 
                      initial_state: Optional[Tensor] = None, output_final_state: bool = False,
                      eps: float = DEFAULT_EPS, convex: bool = True,
                      chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tuple[Tensor, Optional[Tensor]]:
-    """The contract of :func:`naive_causal_rfa` (shapes ``[B, H, T, F]``/``[B, H, T, K]``, the
-    state ``[B, H, F, K + 1]``), in chunks of ``chunk_size``."""
+    """The contract of :func:`naive_causal_rfa`, in chunks of ``chunk_size``."""
     o, final = chunk_causal_sums(q, k, v, log_g, initial_state, output_final_state, convex, chunk_size)
-    K = v.size(-1)
-    return guarded_ratio(o[..., :K], o[..., K], eps, v.dtype), final
+    return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype), final  # o: [B, H, T, K + 1]
 
 
 def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
                       initial_state: Optional[Tensor] = None, output_final_state: bool = False, convex: bool = True,
                       chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tuple[Tensor, Optional[Tensor]]:
-    """:func:`chunk_causal_rfa` before the division: ``q_t^T [S_t | z_t]`` ``[B, H, T, K + 1]`` in fp32 (fp64
-    for fp64 inputs), numerators then the denominator, and the final state or None."""
+    """:func:`chunk_causal_rfa` before the division, ``q_t^T [S_t | z_t]`` ``[B, H, T, K + 1]`` in fp32 (fp64 for fp64
+    inputs), and the final state or None."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     B, H, T, Fd = q.shape
@@ -51,15 +46,12 @@ def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
     C = min(chunk_size, T)
     pad = (-T) % C
     N = (T + pad) // C
-
     qf = _pad_time(q.to(acc), pad).view(B, H, N, C, Fd)
     kf = _pad_time(k.to(acc), pad).view(B, H, N, C, Fd)
     v1 = torch.cat([v.to(acc), v.new_ones(B, H, T, 1, dtype=acc)], dim=-1)
     vf = _pad_time(v1, pad).view(B, H, N, C, K + 1)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-
-    # One chunk with nothing before it and no state asked for (training on sentences): the
-    # intra-chunk part is the whole answer, and the state would cost more than it.
+    # One chunk, no state in or out (training on sentences): the intra-chunk part is all, the state would cost more.
     intra_only = N == 1 and state is None and not output_final_state
     if state is not None:
         state0 = state.to(acc)
@@ -76,11 +68,9 @@ def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
             final = inclusive[:, :, -1]
     else:
         lg = _pad_time(log_g.to(acc), pad).view(B, H, N, C)
-        # Cumulative log-gates and their differences in fp64: in fp32 a long chunk of small gates
-        # loses absolute precision in b_i - b_j (these tensors are small: [B, H, N, C(, C)]).
+        # b and b_i - b_j in fp64 (small: [B, H, N, C(, C)]): in fp32 a long chunk of small gates loses precision.
         b = torch.cumsum(lg.double(), dim=-1)
-        # The write weight of each position, (1 - g) as -expm1(log g) (exact for g near 1) or 1 in the
-        # decay form, goes into the [C, C] decay matrix and one factor per key, never a [.., C, F] tensor.
+        # Write weights (1 - g as -expm1(log g), exact near g = 1; decay form: 1) in [C, C] and per key, not [.., C, F]
         write = -torch.expm1(lg) if convex else torch.ones_like(lg)
         diff = (b.unsqueeze(-1) - b.unsqueeze(-2)).masked_fill(~causal, float("-inf"))
         attn = (qf @ kf.transpose(-1, -2)) * (torch.exp(diff).to(acc) * write.unsqueeze(-2))
@@ -88,9 +78,8 @@ def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
         if not intra_only:
             b_last = b[..., -1:]
             chunk_kv = (kf * (torch.exp(b_last - b).to(acc) * write).unsqueeze(-1)).transpose(-1, -2) @ vf
-            # The state entering chunk n (n = N: the final one) in one matmul, not a loop: with p_n the sum
-            # of the log-decays of chunks < n (fp64), S_n = sum_{m < n} exp(p_n - p_{m+1}) chunk_kv_m +
-            # exp(p_n) S_0, exponents masked to -inf where m >= n before exp (every factor in [0, 1]).
+            # The states entering chunks 0..N in one matmul: with p_n the sum of the log-decays of chunks < n (fp64),
+            # S_n = sum_{m < n} exp(p_n - p_{m+1}) chunk_kv_m + exp(p_n) S_0, -inf where m >= n before exp (in [0, 1]).
             p = torch.nn.functional.pad(torch.cumsum(b_last.squeeze(-1), dim=-1), (1, 0))  # [B, H, N+1]
             strictly_before = torch.ones(N + 1, N, dtype=torch.bool, device=q.device).tril(-1)
             exponents = (p.unsqueeze(-1) - p[..., 1:].unsqueeze(-2)).masked_fill(~strictly_before, float("-inf"))

@@ -1,12 +1,10 @@
-"""Causal RFA by flash-linear-attention's Triton kernels (the optional ``fla-core`` package), for training on a
-GPU. RFA-Gate is fla's "simple GLA", one scalar gate per head and step:
-``chunk_simple_gla(q = phi(q), k = w phi(k), v = [v | 1], g = log g, scale = 1)``, ``w = 1 - g`` in the convex
-form (else 1). The column of ones makes the last output column the denominator and the state fla's ``[F, K + 1]``
-per head, the packed ``[S | z]`` of every form here. The kernels compute in fp32 inside but hand the numerators
-and the denominator back in the inputs' dtype (bf16 under ``--bf16``) before this package's fp32 division; the
-state stays fp32. ``v`` gets a column of zeros where ``K + 1`` is odd (fla's half-precision backward wants even
-sizes). On a CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` before fla's import).
-"""
+"""Causal RFA by flash-linear-attention's Triton kernels (optional ``fla-core``), for training on a GPU. RFA-Gate is
+fla's "simple GLA", one scalar gate per head and step: ``chunk_simple_gla(q = phi(q), k = w phi(k), v = [v | 1],
+g = log g, scale = 1)``, ``w = 1 - g`` in the convex form (else 1); fla's state ``[F, K + 1]`` per head is our packed
+``[S | z]``. The kernels compute in fp32 inside but hand the numerators and the denominator back in the inputs' dtype
+(bf16 under ``--bf16``) before our fp32 division; the state stays fp32. ``v`` gets a column of zeros where ``K + 1``
+is odd (fla's half-precision backward wants even sizes). On a CPU the kernels run only under Triton's interpreter
+(``TRITON_INTERPRET=1`` before fla's import)."""
 import functools
 import importlib.util
 import os
@@ -28,9 +26,8 @@ def fla_installed() -> bool:
 
 
 def fla_chosen(backend: str, device: torch.device, gated: bool) -> bool:
-    """Whether ``--rfa-backend`` ``backend`` trains on fla's kernels on ``device``: ``fla`` always (its errors
-    name what is missing), ``auto`` on a CUDA device with fla-core installed unless gated where
-    :func:`fla_refuses_gated_backward`, ``torch`` never."""
+    """Whether ``--rfa-backend`` ``backend`` trains on fla's kernels on ``device``: ``fla`` always (its errors name what
+    is missing), ``torch`` never, ``auto`` on CUDA with fla-core unless gated and :func:`fla_refuses_gated_backward`."""
     if backend != "auto":
         return backend == "fla"
     return device.type == "cuda" and fla_installed() and not (gated and fla_refuses_gated_backward())
@@ -40,7 +37,6 @@ def fla_refuses_gated_backward() -> bool:
     """Whether fla refuses gated backward passes on this stack (Hopper with Triton >= 3.4 and < 3.7.1, its issue
     640): the condition of fla's own guard, read where the guard reads it."""
     import fla.ops.common.chunk_o as guard
-
     return guard.IS_NVIDIA_HOPPER and guard.TRITON_ABOVE_3_4_0 and not guard.TRITON_ABOVE_3_7_1
 
 
@@ -48,9 +44,8 @@ def fla_refuses_gated_backward() -> bool:
 def fla_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
                    initial_state: Optional[Tensor] = None, output_final_state: bool = False, eps: float = DEFAULT_EPS,
                    convex: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
-    """The contract of :func:`naive_causal_rfa` (``q, k [B, H, T, F]``, ``v [B, H, T, K]``, ``log_g [B, H, T]``,
-    the state ``[B, H, F, K + 1]`` in fp32) by fla's chunked kernel. Padded steps must come with ``k = 0`` and
-    ``log g = 0``, as the attention modules make them. Inputs in fp32, fp16 or bf16."""
+    """The contract of :func:`naive_causal_rfa` (the state in fp32) by fla's chunked kernel, for fp32, fp16 or bf16
+    inputs. Padded steps must come with ``k = 0`` and ``log g = 0``, as the attention modules make them."""
     if q.dtype not in FLA_DTYPES:
         raise TypeError(f"fla's kernels take fp32, fp16 or bf16 inputs, got {q.dtype}")
     if not (fla_installed() and (q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")):
@@ -58,7 +53,6 @@ def fla_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = No
                            f"{q.device}{'' if fla_installed() else ' and no fla-core'} (TRITON_INTERPRET=1 runs "
                            "them slowly on a CPU)")
     from fla.ops.simple_gla import chunk_simple_gla
-
     B, H, T, F = q.shape
     K = v.size(-1)
     width = K + 1 + (K + 1) % 2  # [v | 1], and a column of zeros to make it even

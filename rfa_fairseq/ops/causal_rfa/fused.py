@@ -1,11 +1,9 @@
-"""Causal RFA's decoding step in one pass over the state (float32 on the CPU; ``fused_step.cpp``).
-
-torch's operators read the ``[B, H, F, K + 1]`` state four times a step (the beam's reorder, the decay, the update,
-the read-out) and write it three times; at large batches that traffic is most of the step. The op here reads each
-parent's state once and writes the advanced state once, into a second buffer (the two alternate). It is compiled by
-torch's extension API on first use (about 45 s, cached in ``~/.cache/torch_extensions``); where it cannot be
-built, one warning, and decoding keeps torch's operators (:func:`recurrent_causal_rfa_step`, its reference).
-"""
+"""Causal RFA's decoding step in one pass over the state (float32 on the CPU; ``fused_step.cpp``). torch's operators
+read the ``[B, H, F, K + 1]`` state four times a step (the beam's reorder, the decay, the update, the read-out) and
+write it three times; at large batches that traffic is most of the step. The op here reads each parent's state once
+and writes the advanced state once, into a second buffer (the two alternate). It is compiled by torch's extension API
+on first use (about 45 s, cached in ``~/.cache/torch_extensions``); where it cannot be built, one warning, and
+decoding keeps torch's operators (:func:`recurrent_causal_rfa_step`, its reference)."""
 import hashlib
 import logging
 import platform
@@ -55,14 +53,12 @@ def usable(state: Optional[Tensor]) -> bool:
 def fused_causal_rfa_step(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor], state: Tensor,
                           parents: Optional[Tensor], spare: Tensor, eps: float, convex: bool = True
                           ) -> Tuple[Tensor, Tensor]:
-    """:func:`recurrent_causal_rfa_step` from ``state.index_select(0, parents)`` (``parents [B]``, None: the rows
-    as they are), the advanced state written into ``spare`` (``[B, H, F, K + 1]``, not ``state``'s memory), which is
-    returned with the output."""
+    """:func:`recurrent_causal_rfa_step` from ``state.index_select(0, parents)`` (``parents [B]``, None: the rows as
+    they are), the advanced state written into and returned as ``spare`` (``[B, H, F, K + 1]``, not ``state``'s)."""
     B, H, F = q.shape
     decay, v1 = gate_weights(v, log_g, torch.float32, convex)
     decay = torch.ones(B, H) if decay is None else decay.reshape(B, H)
     parents = torch.arange(B) if parents is None else parents
     o = load().step(state, spare, parents, as_dtype(q, torch.float32).contiguous(),
                     as_dtype(k, torch.float32).contiguous(), v1.contiguous(), decay.contiguous())
-    K = v.size(-1)
-    return guarded_ratio(o[..., :K], o[..., K], eps, v.dtype), spare
+    return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype), spare  # o: [B, H, K + 1]

@@ -11,22 +11,15 @@ from ..denominator import DEFAULT_EPS, compute_dtype, exact_dtypes, guarded_rati
 def naive_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
                      initial_state: Optional[Tensor] = None, output_final_state: bool = False,
                      eps: float = DEFAULT_EPS, convex: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
-    """Causal (gated) RFA by an explicit loop over time. The contract of every causal form
-    (``chunk_causal_rfa``, ``recurrent_causal_rfa``):
-
-    Args:
-        q, k: feature-mapped queries and keys ``[B, H, T, F]``; v: values ``[B, H, T, K]``.
-        log_g: log of the gate ``[B, H, T]`` (``<= 0``), or None for plain RFA.
-        initial_state: the state to start from, ``[S | z]`` packed as ``[B, H, F, K + 1]`` (``z``
-            is the last column; the layout of every RFA state in the package), or None (zeros).
-        output_final_state: also return the final state (fp32; fp64 for fp64 inputs).
-        convex: with a gate, write with weight ``1 - g_t`` (the paper's form, below); False: the decay form
-            ``S_t = g_t S_{t-1} + k_t v_t^T`` (the RFA slides, GLA).
-    Returns ``(out [B, H, T, K]`` in the dtype of ``v``, the final state or None``)``:
+    """Causal (gated) RFA by an explicit loop over time, the contract of every causal form (``chunk_causal_rfa``,
+    ``recurrent_causal_rfa``). ``q, k``: feature-mapped queries and keys ``[B, H, T, F]``; ``v``: values
+    ``[B, H, T, K]``; ``log_g``: the log gate ``[B, H, T]`` (``<= 0``), or None for plain RFA; ``initial_state``:
+    ``[S | z]`` packed as ``[B, H, F, K + 1]`` (every RFA state's layout), or None (zeros); ``convex=False``: the decay
+    form ``S_t = g_t S_{t-1} + k_t v_t^T`` (the RFA slides, GLA). Returns ``out [B, H, T, K]`` (dtype of ``v``) and,
+    with ``output_final_state``, the final state (fp32; fp64 for fp64 inputs), else None:
 
         S_t = g_t S_{t-1} + (1 - g_t) k_t v_t^T,  z_t = g_t z_{t-1} + (1 - g_t) k_t
-        out_t = q_t^T S_t / max(q_t . z_t, eps)      (g_t = 1 without a gate)
-    """
+        out_t = q_t^T S_t / max(q_t . z_t, eps)      (g_t = 1 without a gate)"""
     B, H, T, F = q.shape
     K = v.shape[-1]
     acc = compute_dtype(q)

@@ -1,11 +1,7 @@
-"""Recurrent causal RFA: one token at a time, O(F K) per head whatever the length (decoding).
-
-The state is ``[S | z]`` packed as one tensor ``[B, H, F, K + 1]`` (``z`` is the last column),
-the layout the chunked and naive forms take and return too: with a column of ones appended to
-``v`` one outer product updates both, one matmul reads out numerator and denominator, and beam
-search reorders one tensor. A decoding step's tensors are a few hundred numbers, so its time is
-the number of operators, not their size: the step keeps that number small.
-"""
+"""Recurrent causal RFA: one token at a time, O(F K) per head whatever the length (decoding). The state is ``[S | z]``
+packed as one tensor ``[B, H, F, K + 1]``, as in every form: with a column of ones on ``v`` one outer product updates
+both, one matmul reads out numerator and denominator, and beam search reorders one tensor. A decoding step's tensors
+are a few hundred numbers: its time is the number of operators (kept small), not their size."""
 from typing import Optional, Tuple
 
 import torch
@@ -17,8 +13,7 @@ from ..denominator import DEFAULT_EPS, as_dtype, compute_dtype, exact_dtypes, gu
 
 def gate_weights(v: Tensor, log_g: Optional[Tensor], acc: torch.dtype, convex: bool) -> Tuple[Optional[Tensor], Tensor]:
     """A step's decay ``g [B, H, 1, 1]`` (None without a gate) and what it writes beside ``phi(k)``: ``[v | 1]``
-    ``[B, H, K + 1]``, times ``1 - g`` in the convex form (as -expm1(log g): exact for g near 1; on the value
-    side, K + 1 numbers, not F (K + 1))."""
+    ``[B, H, K + 1]``, times ``1 - g`` if convex (-expm1(log g): exact for g near 1; K + 1 numbers, not F (K + 1))."""
     v1 = F.pad(as_dtype(v, acc), (0, 1), value=1.0)
     if log_g is None:
         return None, v1
@@ -43,21 +38,14 @@ def advance(state: Optional[Tensor], decay: Optional[Tensor], k: Tensor, v1: Ten
 def recurrent_causal_rfa_step(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
                               state: Optional[Tensor] = None, eps: float = DEFAULT_EPS, convex: bool = True,
                               inplace: bool = False) -> Tuple[Tensor, Tensor]:
-    """Advance the state by one token and read it out:
+    """Advance the state by one token and read it out: ``out [B, H, K]`` (dtype of ``v``) and the new state. ``q, k``:
+    feature-mapped ``[B, H, F]``; ``v``: ``[B, H, K]``; ``log_g``: ``[B, H]`` or None; ``state``: ``[B, H, F, K + 1]``
+    in fp32 (fp64 for fp64 inputs), or None (zeros); ``inplace``: update ``state`` in place (see :func:`advance`) and
+    return that same tensor; ``convex=False``: the decay form, without the factors ``1 - g_t``. A pad writes nothing
+    (``k = 0``) and does not decay (``log g = 0``).
 
         [S | z]_t = g_t [S | z]_{t-1} + phi(k_t) [(1 - g_t) v_t | (1 - g_t)]   (g_t = 1 without a gate)
-        out_t = phi(q_t) S_t / max(phi(q_t) . z_t, eps)
-
-    (``convex=False``: the decay form, without the factors ``1 - g_t``.) A pad writes nothing (``k = 0``) and
-    does not decay (``log g = 0``).
-
-    Args:
-        q, k: feature-mapped ``[B, H, F]``; v: ``[B, H, K]``; log_g: ``[B, H]`` or None.
-        state: ``[B, H, F, K + 1]`` in fp32 (fp64 for fp64 inputs), or None (zeros).
-        inplace: update ``state`` in place (see :func:`advance`); the same tensor is then returned.
-    Returns:
-        ``out [B, H, K]`` (dtype of ``v``) and the new state.
-    """
+        out_t = phi(q_t) S_t / max(phi(q_t) . z_t, eps)"""
     acc = compute_dtype(q)
     decay, v1 = gate_weights(v, log_g, acc, convex)
     state = advance(state, decay, as_dtype(k, acc), v1, inplace)
@@ -71,16 +59,13 @@ def recurrent_causal_rfa_step(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[T
 def recurrent_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
                          initial_state: Optional[Tensor] = None, output_final_state: bool = False,
                          eps: float = DEFAULT_EPS, convex: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
-    """The contract of :func:`naive_causal_rfa` by :func:`recurrent_causal_rfa_step`, token after
-    token (the decoder takes the step itself, one token a call)."""
-    T = q.size(2)
+    """The contract of :func:`naive_causal_rfa` by :func:`recurrent_causal_rfa_step` (the decoder calls the step)."""
     state, outs = initial_state, []
-    for t in range(T):
+    for t in range(q.size(2)):
         o, state = recurrent_causal_rfa_step(q[:, :, t], k[:, :, t], v[:, :, t],
                                              None if log_g is None else log_g[:, :, t], state, eps=eps, convex=convex)
         outs.append(o)
     if state is None:
-        B, H, _, Fd = q.shape
-        state = q.new_zeros(B, H, Fd, v.size(-1) + 1, dtype=compute_dtype(q))
+        state = q.new_zeros(*q.shape[:2], q.size(-1), v.size(-1) + 1, dtype=compute_dtype(q))
     out = torch.stack(outs, dim=2) if outs else v.new_zeros(*v.shape)
     return out, (state if output_final_state else None)

@@ -10,10 +10,9 @@ from ..denominator import DEFAULT_EPS, compute_dtype, exact_dtypes, guarded_rati
 @exact_dtypes
 def naive_cross_rfa(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None,
                     eps: float = DEFAULT_EPS, absolute: bool = False) -> Tensor:
-    """out_i = sum_j phi(q_i).phi(k_j) v_j / max(sum_j phi(q_i).phi(k_j), eps) over non-pad keys j
-    (with ``absolute``: the sum's absolute value in the max). q: ``[B, H, Tq, F]``; k: ``[B, H, S, F]``;
-    v: ``[B, H, S, K]``; key_padding_mask: ``[B, S]``, True at padding. Returns ``[B, H, Tq, K]`` in the
-    dtype of ``v``."""
+    """out_i = sum_j phi(q_i).phi(k_j) v_j / max(sum_j phi(q_i).phi(k_j), eps) over non-pad keys j (``absolute``:
+    the sum's absolute value in the max). q: ``[B, H, Tq, F]``; k: ``[B, H, S, F]``; v: ``[B, H, S, K]``;
+    key_padding_mask: ``[B, S]``, True at padding. Returns ``[B, H, Tq, K]`` in the dtype of ``v``."""
     B, H, Tq, F = q.shape
     S_len, K = v.shape[2], v.shape[3]
     acc = compute_dtype(q)

@@ -1,14 +1,10 @@
-"""Cross RFA through its state: the source summarised once as ``[S | z]`` ``[B, H, F, K + 1]`` (``S =
-sum_j phi(k_j) v_j^T``, ``z = sum_j phi(k_j)`` over the non-padding positions; the causal state's layout:
-one matmul per query), read at O(F K) per query. A state of ``Bs`` sources serves ``Bs * beam``
-sentence-major query rows (rows ``i * beam ... (i + 1) * beam - 1`` share source ``i``), as in fairseq's
-beam search, without a copy per beam (:func:`group_queries`).
-
-:func:`cross_rfa_quadratic` gives the same numbers through the ``[Tq, S]`` feature products (by
-associativity ``phi(q_i).[S | z] = sum_j (phi(q_i).phi(k_j)) [v_j | 1]``), cheaper while source and
-target are short next to the feature size (in training at sentence lengths, several times). Decoding
-does not use it: the whole decode gained a few percent, not worth a second kind of decoding state.
-"""
+"""Cross RFA through its state: the source summarised once as ``[S | z]`` ``[B, H, F, K + 1]`` over its non-padding
+positions (the causal state's layout: one matmul per query), read at O(F K) per query. A state of ``Bs`` sources serves
+``Bs * beam`` sentence-major query rows (rows ``i * beam ... (i + 1) * beam - 1`` share source ``i``), as in fairseq's
+beam search, without a copy per beam (:func:`group_queries`). :func:`cross_rfa_quadratic` gives the same numbers
+through the ``[Tq, S]`` feature products (by associativity ``phi(q_i).[S | z] = sum_j (phi(q_i).phi(k_j)) [v_j | 1]``),
+cheaper while source and target are short next to the feature size (in training at sentence lengths, several times).
+Decoding does not use it: the whole decode gained a few percent, not worth a second kind of decoding state."""
 from typing import Optional
 
 import torch
@@ -20,21 +16,17 @@ from ..denominator import DEFAULT_EPS, compute_dtype, exact_dtypes, guard, guard
 
 @exact_dtypes
 def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
-    """k: ``[B, H, S, F]``, v: ``[B, H, S, K]``, key_padding_mask ``[B, S]`` (True = pad). Returns the
-    state ``[S | z]`` ``[B, H, F, K + 1]`` in fp32 (fp64 for fp64 inputs)."""
-    acc = compute_dtype(k)
-    kf = k.to(acc)
+    """The state of k ``[B, H, S, F]``, v ``[B, H, S, K]`` bar padding: ``[B, H, F, K + 1]``, fp32 (fp64 for fp64)."""
+    kf = k.to(compute_dtype(k))
     if key_padding_mask is not None:
         kf = kf.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), 0.0)
-    return kf.transpose(-1, -2) @ F.pad(v.to(acc), (0, 1), value=1.0)
+    return kf.transpose(-1, -2) @ F.pad(v.to(kf.dtype), (0, 1), value=1.0)
 
 
 def key_norm_weights(k: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
-    """A positive weight per key from the norm that the feature map normalises away: ``exp(|k|^2 / 2K)``,
-    divided by its largest value over the non-padding keys of each source and head (a constant that
-    cancels in the attention ratio and keeps the weights <= 1). Multiplying ``phi(k_j)`` by it
-    (rfa-doc-mt's ``--norm-rescale``) lets a key's norm set how much it is attended to.
-    k: ``[B, H, S, K]`` (heads before the feature map); returns ``[B, H, S, 1]`` in fp32."""
+    """``k [B, H, S, K]`` (heads before the feature map) -> ``[B, H, S, 1]`` in fp32: ``exp(|k|^2 / 2K)`` over its
+    largest value on each source's non-padding keys and head (cancels in the ratio; weights <= 1). ``phi(k_j)`` times
+    it (rfa-doc-mt's ``--norm-rescale``) lets the norm that the feature map normalises away set a key's attention."""
     log_w = k.to(compute_dtype(k)).pow(2).sum(-1, keepdim=True) / (2 * k.shape[-1])
     if key_padding_mask is not None:
         log_w = log_w.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), float("-inf"))
@@ -43,8 +35,7 @@ def key_norm_weights(k: Tensor, key_padding_mask: Optional[Tensor] = None) -> Te
 
 
 def group_queries(q: Tensor, num_sources: int) -> Tensor:
-    """``[B, H, Tq, F]`` -> ``[Bs, H, beam * Tq, F]``: the query rows of each source's beams
-    side by side, so that one matmul per source and head serves all of them."""
+    """``[B, H, Tq, F]`` -> ``[Bs, H, beam * Tq, F]``: each source's beams side by side, for one matmul per source."""
     B, H, Tq, Fd = q.shape
     if B % num_sources != 0:
         raise ValueError(f"{B} query rows cannot share {num_sources} source states")
@@ -60,17 +51,16 @@ def ungroup(out: Tensor, B: int, Tq: int) -> Tensor:
 @exact_dtypes
 def cross_rfa_apply(q: Tensor, state: Tensor, eps: float = DEFAULT_EPS, out_dtype=None,
                     absolute: bool = False) -> Tensor:
-    """q: ``[B, H, Tq, F]``; the state of :func:`cross_rfa_state` for ``B`` or ``B / beam`` sources;
-    ``eps``, ``absolute``: the denominator's guard (``ops.denominator``). Returns ``[B, H, Tq, K]`` in
-    ``out_dtype`` (default: dtype of ``q``)."""
+    """q ``[B, H, Tq, F]`` read from the state of :func:`cross_rfa_state` for ``B`` or ``B / beam`` sources, guarded
+    by ``eps``, ``absolute`` (``ops.denominator``): ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
     o = group_queries(q.to(state.dtype), state.shape[0]) @ state  # numerator | denominator
     out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)
     return ungroup(out, q.shape[0], q.shape[2])
 
 
 def feature_products(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
-    """``phi(q_i) . phi(k_j)`` for the queries of each source's beams: ``[Bs, H, beam * Tq, S]``
-    in the accumulation dtype, zero at padded keys. q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]``."""
+    """``phi(q_i) . phi(k_j)`` for q ``[B, H, Tq, F]``, k ``[Bs, H, S, F]``: ``[Bs, H, beam * Tq, S]`` (grouped as
+    :func:`group_queries`) in the accumulation dtype, zero at padded keys."""
     acc = compute_dtype(q)
     scores = group_queries(q.to(acc), k.shape[0]) @ k.to(acc).transpose(-1, -2)
     if key_padding_mask is not None:
@@ -79,18 +69,16 @@ def feature_products(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = 
 
 
 def quadratic_is_cheaper(S: int, Fd: int, K: int, Tq: int) -> bool:
-    """Whether :func:`cross_rfa_quadratic` takes fewer multiply-adds than the summary for ``Tq`` queries
-    per source and head: ``Tq S (F + K + 1)`` against ``(S + Tq) F (K + 1)``."""
+    """Whether :func:`cross_rfa_quadratic` takes fewer multiply-adds than the summary for ``Tq`` queries per source
+    and head: ``Tq S (F + K + 1)`` against ``(S + Tq) F (K + 1)``."""
     return Tq * S * (Fd + K + 1) < (S + Tq) * Fd * (K + 1)
 
 
 @exact_dtypes
 def cross_rfa_quadratic(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None,
                         eps: float = DEFAULT_EPS, out_dtype=None, absolute: bool = False) -> Tensor:
-    """q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]``, v: ``[Bs, H, S, K]``, key_padding_mask
-    ``[Bs, S]`` (True = pad) for ``Bs`` = ``B`` or ``B / beam`` sources (beam rows sentence-major).
-    Returns ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``), equal to
-    ``cross_rfa_apply(q, cross_rfa_state(k, v, key_padding_mask))``."""
+    """``cross_rfa_apply(q, cross_rfa_state(k, v, key_padding_mask))`` by :func:`feature_products`: q ``[B, H, Tq, F]``;
+    k ``[Bs, H, S, F]``, v ``[Bs, H, S, K]``, key_padding_mask ``[Bs, S]``, ``Bs`` = ``B`` or ``B / beam``."""
     scores = feature_products(q, k, key_padding_mask)
     o = scores @ F.pad(v.to(scores.dtype), (0, 1), value=1.0)  # numerator | denominator
     out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)
@@ -100,9 +88,8 @@ def cross_rfa_quadratic(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optio
 @exact_dtypes
 def cross_rfa_weights(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS,
                       absolute: bool = False) -> Tensor:
-    """The attention weights RFA applies implicitly: ``phi(q_i).phi(k_j) / guard(phi(q_i).z)``, with
-    ``phi(q_i).z`` the sum of the row's products. q: ``[B, H, Tq, F]``; k: ``[Bs, H, S, F]`` for ``Bs`` =
-    ``B`` or ``B / beam`` sources. Returns ``[B, H, Tq, S]`` in fp32 (fp64 for fp64 inputs), zero at padding."""
+    """The attention weights RFA applies implicitly, ``phi(q_i).phi(k_j) / guard(phi(q_i).z)`` (``phi(q_i).z``: the
+    row's sum), shapes as :func:`cross_rfa_quadratic`: ``[B, H, Tq, S]`` in fp32 (fp64 for fp64), zero at padding."""
     scores = feature_products(q, k, key_padding_mask)
     w = scores / guard(scores.sum(-1), eps, absolute).unsqueeze(-1)
     return ungroup(w, q.shape[0], q.shape[2])
