@@ -33,6 +33,9 @@ AXES = {"state": {0: "P"}, "prev_key": {0: "S", 2: "T"}, "prev_value": {0: "S", 
         "window_offsets": {0: "S", 1: "W"}, "v": {0: "S", 2: "T"}, "key_padding_mask": {0: "S", 1: "T"}}
 SOURCE_STATE = {0: "S"}  # a cross attention's fixed-size state (CrossRFAttention's [S, H, F, K + 1])
 EXAMPLE = {"S": 3, "T": 37, "J": 7, "W": 11}  # sizes to trace at, none 0 or 1 (which torch.export specializes)
+# Steps of more rows run eagerly: there the state's bytes outweigh the dispatch, and the eager step reads and writes the
+# state once (ops/causal_rfa/fused.py) where ONNX Runtime's nodes each pass over it (docs/benchmarks.md)
+MAX_ROWS = 16
 
 
 def available() -> bool:
@@ -88,7 +91,7 @@ class OnnxStep:
                  sentence: Optional[Tensor] = None) -> Optional[Tensor]:
         rows, beam = tokens.size(0), max(getattr(self.decoder, "_beam_size", 1), 1)  # fairseq's set_beam_size
         layout, d = self._layout(incremental_state), self.decoder
-        if (layout is None or torch.is_grad_enabled() or tokens.device.type != "cpu"
+        if (rows > MAX_ROWS or layout is None or torch.is_grad_enabled() or tokens.device.type != "cpu"
                 or any(not causal and t.size(0) * beam != rows for _, _, causal, t in layout)  # rows: the beams
                 or d.embed_positions is not None and position >= d._position_table().size(0)):
             return None

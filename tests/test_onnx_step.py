@@ -86,6 +86,30 @@ def test_beam_search_gives_the_eager_hypotheses_and_the_full_pass_scores(model_p
             torch.testing.assert_close(rescored, b["positional_scores"], rtol=0, atol=1e-4)
 
 
+def test_steps_past_max_rows_run_eagerly_with_the_same_hypotheses(model_pair, monkeypatch):
+    """Beam search from 16 rows with MAX_ROWS 8: the first steps run eagerly, the graph takes over as sentences
+    finish; the hypotheses are the eager ones."""
+    monkeypatch.setattr(onnx_step, "MAX_ROWS", 8)
+    rows, run = [], onnx_step.Graph.run
+
+    def counted(self, step, held, states):
+        rows.append(step[0].size(0))
+        return run(self, step, held, states)
+    monkeypatch.setattr(onnx_step.Graph, "run", counted)
+    task, eager, engine, sep = model_pair(*DOCUMENTS)
+    sample = _sample(task, sep)
+    hypos = []
+    for model in (eager, engine):
+        gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30, min_len=2)
+        with torch.no_grad():
+            hypos.append(gen.forward(sample))
+    assert rows and max(rows) <= 8
+    for nbest_eager, nbest_engine in zip(*hypos, strict=True):
+        for a, b in zip(nbest_eager, nbest_engine, strict=True):
+            assert torch.equal(a["tokens"], b["tokens"])
+            torch.testing.assert_close(b["positional_scores"], a["positional_scores"], rtol=0, atol=1e-5)
+
+
 def _causal_states(model, state):
     return [causal_state(m._get_input_buffer(state)) for m in model.decoder.modules() if isinstance(m, CausalRFAttention)]
 
