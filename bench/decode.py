@@ -1,7 +1,6 @@
 #!/usr/bin/env python
-"""Decoding speed and memory, softmax against RFA side by side (docs/benchmarks.md): ``synthetic``, random weights and
-forced lengths; ``checkpoint``, trained checkpoints decoded as fairseq-generate does (its flags after ``--``).
-
+"""Decoding speed and memory, softmax against RFA side by side (docs/benchmarks.md): ``synthetic`` (random weights, forced
+lengths), ``checkpoint`` (trained checkpoints decoded as fairseq-generate does, its flags after ``--``):
     python bench/decode.py synthetic --task translation --lengths 32 512 --out tr.json
     python bench/decode.py checkpoint DATA_BIN --source-lang de --target-lang en --model softmax=a.pt --model rfa_gate=b.pt \\
         --model rfa_gate_int8=int8:b.pt --model ct2_int8=ct2:a.pt:int8 --repeats 3 --out real.json -- --beam 4 --batch-size 64
