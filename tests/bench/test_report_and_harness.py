@@ -30,7 +30,7 @@ def test_report_has_one_line_per_length_and_writes_a_png(tmp_path):
 
 
 def test_the_figure_plots_a_checkpoint_runs_buckets_at_their_mean_output(tmp_path, monkeypatch):
-    path = os.path.join(REPO, "bench", "results", "decode_documents_ct2_b8_1thr.json")
+    path = os.path.join(REPO, "bench", "results", "decode_documents_b8_1thr.json")
     with open(path) as f:
         rows = json.load(f)["rows"]
     drawn = []
