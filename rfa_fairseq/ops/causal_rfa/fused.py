@@ -30,7 +30,7 @@ def load():
             cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
             flags = next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
             name = "rfa_fused_step_" + hashlib.sha256(flags.encode()).hexdigest()[:8]
-            logger.info("compiling causal RFA's fused decoding step (once a machine): %s", name)
+            logger.info("causal RFA's fused decoding step: %s (compiled on its first load on a machine)", name)
             _op = build(name, [str(Path(__file__).with_name("fused_step.cpp"))], extra_cflags=["-O3", "-march=native"])
         except Exception as e:  # no compiler, no ninja, no headers
             warnings.warn(f"causal RFA's fused decoding step could not be compiled ({type(e).__name__}: {e}); "
