@@ -62,15 +62,21 @@ def _sample(task, sep, batch=4, length=16):
     return {"id": torch.arange(batch), "net_input": {"src_tokens": src, "src_lengths": lengths}}
 
 
+def _beam_search(task, models, sample):
+    """Each model's beam-4 hypotheses for ``sample``."""
+    hypos = []
+    for model in models:
+        gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30, min_len=2)
+        with torch.no_grad():
+            hypos.append(gen.forward(sample))
+    return hypos
+
+
 @pytest.mark.parametrize("extra,eos", MODELS)
 def test_beam_search_gives_the_eager_hypotheses_and_the_full_pass_scores(model_pair, extra, eos):
     task, eager, engine, sep = model_pair(*extra, eos=eos)
     sample = _sample(task, sep)
-    hypos = []
-    for model in (eager, engine):
-        gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30, min_len=2)
-        with torch.no_grad():
-            hypos.append(gen.forward(sample))
+    hypos = _beam_search(task, (eager, engine), sample)
     assert len({len(h["tokens"]) for nbest in hypos[0] for h in nbest}) > 1  # finished sentences leave the batch
     assert engine.decoder.step_engine.graphs
     eos, src = task.target_dictionary.eos(), sample["net_input"]["src_tokens"]
@@ -97,12 +103,7 @@ def test_steps_past_max_rows_run_eagerly_with_the_same_hypotheses(model_pair, mo
         return run(self, step, held, states)
     monkeypatch.setattr(onnx_step.Graph, "run", counted)
     task, eager, engine, sep = model_pair(*DOCUMENTS)
-    sample = _sample(task, sep)
-    hypos = []
-    for model in (eager, engine):
-        gen = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30, min_len=2)
-        with torch.no_grad():
-            hypos.append(gen.forward(sample))
+    hypos = _beam_search(task, (eager, engine), _sample(task, sep))
     assert rows and max(rows) <= 8
     for nbest_eager, nbest_engine in zip(*hypos, strict=True):
         for a, b in zip(nbest_eager, nbest_engine, strict=True):
