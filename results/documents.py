@@ -27,12 +27,12 @@ CUT = 0.8  # a document cut short: fewer than this share of its reference's sent
 BUCKETS = [(0, 128), (128, 256), (256, 512), (512, None)]
 POSITIONS = ["--max-source-positions", "1280", "--max-target-positions", "1280"]  # the longest: 1,243 subwords
 GENERATE = []  # fairseq-generate flags after the runner's (tests shorten the outputs of untrained models)
-LATER_CROSS = ["--rfa-cross-feature-dim", "256", "--rfa-cross-norm-rescale"]  # rfa-doc-mt's cross attention
+RETIRED = {"gate_cross_rescale": "--rfa-cross-norm-rescale (flag removed: no gain)",
+           "gate_cross_later": "rfa-doc-mt's cross attention: 256 features, --rfa-cross-norm-rescale, D = 32"}
 VARIANTS = {  # name: (results/quality.py's variant, extra flags)
     **{name: (name, []) for name in ("softmax", "gate_softcross", "gate_softcross_f32", "rfa_softcross", "rfa_gate")},
     "gate_cross": ("gate_bias2", []),  # RFA cross attention, the current gate (rfa_gate: the paper's, bias 0)
-    "gate_cross256": ("gate_bias2", LATER_CROSS[:2]), "gate_cross_rescale": ("gate_bias2", LATER_CROSS[2:]),
-    "gate_cross_later": ("gate_bias2", LATER_CROSS + ["--rfa-causal-feature-dim", "32"]), "enc_rfa": ("enc_rfa", []),
+    "gate_cross256": ("gate_bias2", ["--rfa-cross-feature-dim", "256"]), "enc_rfa": ("enc_rfa", []),
     "gate_sentidx": ("gate_softcross", ["--sentence-index"]),  # each token's sentence number, from the separators
     "gate_sentidx0": ("gate_softcross", []),  # gate_softcross trained again with the sentence index's code: its paired seed 1
     "softmax0": ("softmax", []),  # softmax trained again at this code: seed 1's repeats, a checkpoint to convert

@@ -22,15 +22,16 @@ SETTINGS = {"screen": SCREEN, "final": dict(layers=3, dim=256, ffn=1024, heads=4
 PLUGIN = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en"]
 RFA = PLUGIN + ["--cross-attention", "rfa"]  # the paper's model: RFA cross attention too
 GATE, PAPER_GATE = RFA + ["--rfa-gate"], RFA + ["--rfa-gate", "--rfa-gate-bias", "0"]  # the paper's gate
+RETIRED = {"rfa_authors_floor": "--rfa-eps 1.56 --rfa-cross-abs-denominator (flag removed: no gain)",
+           "rfa_norm_rescale": "--rfa-cross-norm-rescale (flag removed: no gain)"}
 VARIANTS = {
     "softmax": ["--user-dir", "rfa_fairseq", "--arch", "transformer_iwslt_de_en"],
     "rfa": RFA, "rfa_gate": PAPER_GATE,
     "gate_bias2": GATE + ["--rfa-gate-bias", "2"],  # the gate's start at sigmoid(2) (now the default)
     "gate_decay": PAPER_GATE + ["--rfa-gate-form", "decay"],
     "gate_decay_bias2": GATE + ["--rfa-gate-form", "decay", "--rfa-gate-bias", "2"],
-    "rfa_authors_floor": RFA + ["--rfa-eps", "1.56", "--rfa-cross-abs-denominator"],
     "gate_sigma2": PAPER_GATE + ["--rfa-init-sigma", "2"], "rfa_sigma2": RFA + ["--rfa-init-sigma", "2"],
-    "rfa_norm_rescale": RFA + ["--rfa-cross-norm-rescale"], "favor": RFA + ["--rfa-kernel", "favor"],
+    "favor": RFA + ["--rfa-kernel", "favor"],
     "elu": RFA + ["--rfa-kernel", "elu"], "gate_elu": GATE + ["--rfa-kernel", "elu"],
     # RFA(-Gate) self-attention behind fairseq's softmax cross attention (the defaults)
     "gate_softcross": PLUGIN + ["--rfa-gate", "--cross-attention", "softmax"],

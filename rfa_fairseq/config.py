@@ -39,11 +39,6 @@ class RFAConfig(FairseqDataclass):
     rfa_eps: float = field(default=DEFAULT_EPS, metadata={
         "help": "lower clamp of the RFA denominator phi(q).z, in fp32 (compared with the authors' "
                 "floor in rfa_fairseq/ops/denominator.py)"})
-    rfa_cross_abs_denominator: bool = field(default=False, metadata={
-        "help": "cross attention clamps |phi(q).z| instead of phi(q).z, as the authors' code does"})
-    rfa_cross_norm_rescale: bool = field(default=False, metadata={
-        "help": "cross attention weights each key's features by exp(|k|^2 / 2 head_dim), so that its "
-                "norm (dropped by the unit normalisation) sets its weight (rfa-doc-mt's --norm-rescale)"})
     rfa_chunk_size: int = field(default=DEFAULT_CHUNK_SIZE, metadata={
         "help": "chunk length of the chunked parallel form of causal RFA used in training"})
     rfa_backend: ChoiceEnum(list(BACKENDS)) = field(default="auto", metadata={
@@ -63,7 +58,9 @@ RETIRED = {  # options the studies retired: a checkpoint that used one is refuse
     "rfa_softmax_layers": ("softmax self-attention layers in the RFA decoder",
                            "documents take --sentence-index --cross-sentence-window 1"),
     "rfa_local_window": ("an exact window of the last keys in causal RFA",
-                         "documents take --sentence-index --cross-sentence-window 1; language models, plain RFA-Gate")}
+                         "documents take --sentence-index --cross-sentence-window 1; language models, plain RFA-Gate"),
+    "rfa_cross_abs_denominator": ("the authors' absolute denominator in cross attention", "the default guard"),
+    "rfa_cross_norm_rescale": ("cross attention's keys weighted by their norms", "softmax cross attention")}
 RFA_FIELDS = tuple(f.name for f in fields(RFAConfig) if f.name.startswith("rfa_"))
 _DEFAULTS = RFAConfig()
 
@@ -100,8 +97,7 @@ def rfa_config_from(args) -> RFAConfig:
     values["rfa_kernel"] = one_of(flag("rfa_kernel"), values["rfa_kernel"], KERNELS)
     values["rfa_random_matrix"] = one_of(flag("rfa_random_matrix"), values["rfa_random_matrix"], RANDOM_MATRICES)
     values["rfa_gate_form"] = one_of(flag("rfa_gate_form"), values["rfa_gate_form"], GATE_FORMS)
-    for name in ("rfa_gate", "rfa_fixed_features", "rfa_cross_abs_denominator", "rfa_cross_norm_rescale",
-                 "rfa_recompute"):
+    for name in ("rfa_gate", "rfa_fixed_features", "rfa_recompute"):
         values[name] = bool(values[name])
     if not values["rfa_gate"] and (values["rfa_gate_form"] != _DEFAULTS.rfa_gate_form
                                    or values["rfa_gate_bias"] != _DEFAULTS.rfa_gate_bias):

@@ -69,7 +69,7 @@ def main(argv=None):
             q = mod.feature_map(split_heads(mod.q_proj(query), mod.num_heads))
             k = mod._key_features(split_heads(mod.k_proj(key), mod.num_heads), key_padding_mask)
             state = cross_rfa_state(k, k.new_ones(*k.shape[:3], 1), key_padding_mask)
-            ratio = cross_rfa_apply(q, state, eps=mod.eps, absolute=mod.abs_denominator, out_dtype=torch.float32)
+            ratio = cross_rfa_apply(q, state, eps=mod.eps, out_dtype=torch.float32)
         ratio = ratio[..., 0].permute(2, 0, 1)  # [T, B, H]
         mask = real["mask"][: ratio.size(0)].bool().expand_as(ratio)
         seen[name] += int(mask.sum())

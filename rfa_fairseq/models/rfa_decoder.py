@@ -69,8 +69,7 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
         return CrossRFAttention(
             embed_dim, cfg.decoder.attention_heads,
             self._feature_map(cfg, rfa.rfa_cross_feature_dim, feature_map_id(self.layer_idx, cross=True)),
-            kdim=cfg.encoder.embed_dim, eps=rfa.rfa_eps, abs_denominator=rfa.rfa_cross_abs_denominator,
-            norm_rescale=rfa.rfa_cross_norm_rescale, recompute=rfa.rfa_recompute)
+            kdim=cfg.encoder.embed_dim, eps=rfa.rfa_eps, recompute=rfa.rfa_recompute)
 
 
 class SoftmaxTransformerDecoder(TransformerDecoderBase):

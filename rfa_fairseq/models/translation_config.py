@@ -12,7 +12,7 @@ from .rfa_encoder import EncoderAttentionConfig, encoder_attention_config_from
 DECODER_ATTENTIONS = ("rfa", "softmax")
 CROSS_ATTENTIONS = ("rfa", "softmax")
 # the --rfa-* flags that shape RFA cross attention only
-RFA_CROSS_FIELDS = ("rfa_cross_feature_dim", "rfa_cross_abs_denominator", "rfa_cross_norm_rescale")
+RFA_CROSS_FIELDS = ("rfa_cross_feature_dim",)
 
 
 @dataclass

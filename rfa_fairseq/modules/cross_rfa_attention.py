@@ -14,8 +14,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ..ops import (cross_rfa_apply, cross_rfa_quadratic, cross_rfa_state, cross_rfa_weights, key_norm_weights,
-                   quadratic_is_cheaper)
+from ..ops import cross_rfa_apply, cross_rfa_quadratic, cross_rfa_state, cross_rfa_weights, quadratic_is_cheaper
 from ..ops.denominator import DEFAULT_EPS
 from .beam import BeamLayout
 from .heads import merge_heads, split_heads
@@ -26,16 +25,13 @@ from .rfa_attention_base import IncrementalState, RFAttentionBase
 class CrossRFAttention(BeamLayout, RFAttentionBase):
     """Non-causal random feature attention from decoder queries (``embed_dim``) to encoder keys/values (``kdim``).
     ``recompute``: under autograd, without a decoding state or weights asked for, keep only the heads ``q, k, v`` for
-    the backward pass; ``abs_denominator``: clamp ``|phi(q) . z|`` rather than ``phi(q) . z`` (the authors' code);
-    ``norm_rescale``: weight each key's features by ``exp(|k|^2 / 2K)`` (``ops.key_norm_weights``)."""
+    the backward pass."""
 
     STATE_KEY = "cross_rfa"
 
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, kdim: Optional[int] = None,
-                 bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False, abs_denominator: bool = False,
-                 norm_rescale: bool = False):
+                 bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False):
         super().__init__(embed_dim, num_heads, feature_map, kdim=kdim, bias=bias, eps=eps, recompute=recompute)
-        self.abs_denominator, self.norm_rescale = abs_denominator, norm_rescale
 
     def _source_state(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], rows: int,
                       keep_keys: bool) -> Dict[str, Optional[Tensor]]:
@@ -44,7 +40,7 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
         key, value = key[:, ::rows], value[:, ::rows]
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask[::rows]
-        k = self._key_features(split_heads(self.k_proj(key), self.num_heads), key_padding_mask)
+        k = self.feature_map(split_heads(self.k_proj(key), self.num_heads))
         v = split_heads(self.v_proj(value), self.num_heads)
         if keep_keys:
             return {"k": k, "v": v, "key_padding_mask": key_padding_mask}
@@ -79,15 +75,13 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
             saved = self._source_state(key, value, key_padding_mask, rows, keep_keys=need_weights)
             self._set_input_buffer(incremental_state, saved)  # a no-op without a decoding state
         q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
-        guard = dict(eps=self.eps, absolute=self.abs_denominator)
         if "state" in saved:
-            out = cross_rfa_apply(q, saved["state"], out_dtype=query.dtype, **guard)
+            out = cross_rfa_apply(q, saved["state"], eps=self.eps, out_dtype=query.dtype)
         else:
-            out = cross_rfa_quadratic(q, saved["k"], saved["v"], saved["key_padding_mask"], out_dtype=query.dtype,
-                                      **guard)
+            out = cross_rfa_quadratic(q, saved["k"], saved["v"], saved["key_padding_mask"], self.eps, query.dtype)
         weights = None
         if need_weights:  # the state then holds the keys (see _source_state)
-            weights = cross_rfa_weights(q, saved["k"], saved["key_padding_mask"], **guard)
+            weights = cross_rfa_weights(q, saved["k"], saved["key_padding_mask"], eps=self.eps)
             weights = weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
         return self.out_proj(merge_heads(out)), weights
 
@@ -95,17 +89,10 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
                random_matrix: Optional[Tensor] = None) -> Tensor:
         """Heads in, attention out ``[B, H, Tq, K]`` (without a decoding state or weights)."""
         phi_q = self.feature_map(q, random_matrix)
-        phi_k = self._key_features(k, key_padding_mask, random_matrix)
-        guard = dict(eps=self.eps, out_dtype=out_dtype, absolute=self.abs_denominator)
+        phi_k = self.feature_map(k, random_matrix)
         if quadratic_is_cheaper(k.shape[2], phi_q.shape[-1], v.shape[-1], Tq=q.shape[2]):
-            return cross_rfa_quadratic(phi_q, phi_k, v, key_padding_mask, **guard)
-        return cross_rfa_apply(phi_q, cross_rfa_state(phi_k, v, key_padding_mask), **guard)
-
-    def _key_features(self, k: Tensor, key_padding_mask: Optional[Tensor],
-                      random_matrix: Optional[Tensor] = None) -> Tensor:
-        """phi(k) ``[B, H, S, F]`` from the key heads, weighted by the keys' norms with ``norm_rescale``."""
-        features = self.feature_map(k, random_matrix)
-        return features * key_norm_weights(k, key_padding_mask) if self.norm_rescale else features
+            return cross_rfa_quadratic(phi_q, phi_k, v, key_padding_mask, self.eps, out_dtype)
+        return cross_rfa_apply(phi_q, cross_rfa_state(phi_k, v, key_padding_mask), self.eps, out_dtype)
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         saved = self.get_incremental_state(incremental_state, self.STATE_KEY)

@@ -1,8 +1,7 @@
 """The guard on RFA's denominator phi(q) . z, and the dtypes of the attention ops. phi(q) . z estimates a positive sum
 of kernel values, but with sin/cos features (``gaussian``) it can come out small or negative for a short history or
-few features, and blow the output up. It is clamped from below at ``eps`` (``--rfa-eps``), in fp32 (its absolute
-value with ``--rfa-cross-abs-denominator``); for positive feature maps the floor only bounds how small it gets.
-Gradients do not flow through a clamped denominator. The authors' floors are much higher: their features are
+few features, and blow the output up. It is clamped from below at ``eps`` (``--rfa-eps``), in fp32; for positive
+feature maps the floor only bounds how small it gets. Gradients do not flow through a clamped denominator. The authors' floors are much higher: their features are
 ``c [sin, cos]``, ours ``D^-1/2 [sin, cos]``, so their denominator is ours times ``c^2 D``: Noahs-ARK/RFA's 1.0
 (c = 0.1) and T2R's 0.01 (c = 0.01) are both 1.56 in our units at D = 64, rfa-doc-mt's floor 0.31 at D = 32; their
 cross attention takes the absolute value first. In the paper's gated form phi(q) . z stays below about 1: such a
@@ -26,15 +25,15 @@ def as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
     return x if x.dtype == dtype else x.to(dtype)
 
 
-def guard(den: Tensor, eps: float, absolute: bool = False) -> Tensor:
-    """max(den, eps), or max(|den|, eps) with ``absolute``."""
-    return (den.abs() if absolute else den).clamp_min(eps)
+def guard(den: Tensor, eps: float) -> Tensor:
+    """max(den, eps)."""
+    return den.clamp_min(eps)
 
 
-def guarded_ratio(num: Tensor, den: Tensor, eps: float, out_dtype: torch.dtype, absolute: bool = False) -> Tensor:
+def guarded_ratio(num: Tensor, den: Tensor, eps: float, out_dtype: torch.dtype) -> Tensor:
     """num / guard(den) in (at least) fp32; ``num`` is ``[..., K]`` and ``den`` is ``[...]``."""
     acc = compute_dtype(num)
-    return cast_finite(as_dtype(num, acc) / guard(as_dtype(den, acc), eps, absolute).unsqueeze(-1), out_dtype)
+    return cast_finite(as_dtype(num, acc) / guard(as_dtype(den, acc), eps).unsqueeze(-1), out_dtype)
 
 
 def cast_finite(out: Tensor, out_dtype: torch.dtype) -> Tensor:

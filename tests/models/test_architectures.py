@@ -66,7 +66,8 @@ def test_invalid_flag_values_name_the_flag(lm_model, translation_model, bad, fla
             make(*bad)
 
 
-@pytest.mark.parametrize("retired", [dict(rfa_softmax_layers="1"), dict(rfa_local_window=64)])
+@pytest.mark.parametrize("retired", [dict(rfa_softmax_layers="1"), dict(rfa_local_window=64),
+                                     dict(rfa_cross_abs_denominator=True), dict(rfa_cross_norm_rescale=True)])
 def test_a_checkpoint_of_a_retired_option_is_refused_by_name(retired):
     name = "--" + next(iter(retired)).replace("_", "-")
     with pytest.raises(ValueError, match=f"{name} .* is no longer supported"):
@@ -90,14 +91,12 @@ def test_gate_bias_without_the_gate_is_refused_even_at_the_papers_value(translat
 
 
 def test_gate_flags_reach_the_modules(translation_model, lm_model):
-    """--rfa-gate-bias sets the gate's starting value, --rfa-gate-form its form, and
-    --rfa-cross-abs-denominator the cross attention's guard, --rfa-cross-norm-rescale its key weights."""
+    """--rfa-gate-bias sets the gate's starting value, --rfa-gate-form its form."""
     import math
 
-    _, model = translation_model("--rfa-gate", "--rfa-gate-form", "decay", "--rfa-gate-bias", "3",
-                                 "--rfa-cross-abs-denominator", "--rfa-cross-norm-rescale")
+    _, model = translation_model("--rfa-gate", "--rfa-gate-form", "decay", "--rfa-gate-bias", "3")
     for layer in model.decoder.layers:
-        assert not layer.self_attn.convex and layer.encoder_attn.abs_denominator and layer.encoder_attn.norm_rescale
+        assert not layer.self_attn.convex
         H = layer.self_attn.num_heads
         assert torch.equal(layer.self_attn.in_proj.bias[-H:], torch.full((H,), 3.0))
         g0 = torch.sigmoid(layer.self_attn.in_proj(torch.zeros(1, layer.self_attn.embed_dim))[:, -H:])

@@ -95,9 +95,7 @@ def test_padding_does_not_change_encoder_output(translation_model):
     (["--encoder-attention", "lara", "--encoder-feature-dim", "32"], "--encoder-feature-dim .*--lara-landmarks"),
     (["--encoder-attention", "favor", "--lara-landmarks", "8"], "--lara-landmarks needs --encoder-attention lara"),
     (["--decoder-attention", "softmax", "--rfa-gate"], "--rfa-gate shapes the RFA decoder"),
-    (["--cross-attention", "softmax", "--rfa-cross-feature-dim", "32", "--rfa-cross-norm-rescale"],
-     "--rfa-cross-feature-dim, --rfa-cross-norm-rescale shape RFA cross attention"),
-    (["--rfa-cross-abs-denominator"], "--rfa-cross-abs-denominator shapes RFA cross attention"),  # softmax: default
+    (["--rfa-cross-feature-dim", "32"], "--rfa-cross-feature-dim shapes RFA cross attention"),  # softmax: default
     (["--decoder-attention", "softmax", "--cross-attention", "rfa"], "--cross-attention rfa shapes the RFA decoder"),
     (["--encoder-attention", "rfa", "--encoder-attention-heads", "5"], "--encoder-embed-dim .* divisible"),
 ])

@@ -12,8 +12,7 @@ VARIANTS = [
     pytest.param(["--rfa-gate", "--rfa-gate-form", "decay", "--rfa-gate-bias", "2"], id="gate-decay-bias2"),
     pytest.param(["--rfa-gate", "--rfa-kernel", "favor"], id="gate-favor"),
     pytest.param(["--rfa-kernel", "elu"], id="elu"),
-    pytest.param(["--rfa-cross-abs-denominator", "--rfa-eps", "1.5"], id="cross-abs-eps1.5"),
-    pytest.param(["--rfa-gate", "--rfa-cross-norm-rescale"], id="gate-cross-norm-rescale"),
+    pytest.param(["--rfa-eps", "1.5"], id="eps1.5"),
 ]
 
 

@@ -7,6 +7,7 @@ decoding keeps torch's operators (:func:`recurrent_causal_rfa_step`, its referen
 import hashlib
 import logging
 import platform
+import time
 import warnings
 from pathlib import Path
 from typing import Optional, Tuple
@@ -27,11 +28,17 @@ def load():
     if _op is None:
         try:
             from torch.utils.cpp_extension import load as build
+            from torch.utils.cpp_extension import _get_build_directory
             cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
             flags = next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
-            name = "rfa_fused_step_" + hashlib.sha256(flags.encode()).hexdigest()[:8]
+            source = Path(__file__).with_name("fused_step.cpp")  # a checkout elsewhere builds its own
+            name = "rfa_fused_step_" + hashlib.sha256((flags + str(source)).encode()).hexdigest()[:8]
             logger.info("causal RFA's fused decoding step: %s (compiled on its first load on a machine)", name)
-            _op = build(name, [str(Path(__file__).with_name("fused_step.cpp"))], extra_cflags=["-O3", "-march=native"])
+            lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+            if lock.exists() and time.time() - lock.stat().st_mtime > 600:  # left by a build that was killed
+                logger.warning("removing %s, left by a build of the fused step that did not finish", lock)
+                lock.unlink(missing_ok=True)
+            _op = build(name, [str(source)], extra_cflags=["-O3", "-march=native"])
         except Exception as e:  # no compiler, no ninja, no headers
             warnings.warn(f"causal RFA's fused decoding step could not be compiled ({type(e).__name__}: {e}); "
                           "decoding steps use torch's operators")

@@ -9,9 +9,8 @@ from ..denominator import DEFAULT_EPS, compute_dtype, exact_dtypes, guarded_rati
 
 @exact_dtypes
 def naive_cross_rfa(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None,
-                    eps: float = DEFAULT_EPS, absolute: bool = False) -> Tensor:
-    """out_i = sum_j phi(q_i).phi(k_j) v_j / max(sum_j phi(q_i).phi(k_j), eps) over non-pad keys j (``absolute``:
-    the sum's absolute value in the max). q: ``[B, H, Tq, F]``; k: ``[B, H, S, F]``; v: ``[B, H, S, K]``;
+                    eps: float = DEFAULT_EPS) -> Tensor:
+    """out_i = sum_j phi(q_i).phi(k_j) v_j / max(sum_j phi(q_i).phi(k_j), eps) over non-pad keys j. q: ``[B, H, Tq, F]``; k: ``[B, H, S, F]``; v: ``[B, H, S, K]``;
     key_padding_mask: ``[B, S]``, True at padding. Returns ``[B, H, Tq, K]`` in the dtype of ``v``."""
     B, H, Tq, F = q.shape
     S_len, K = v.shape[2], v.shape[3]
@@ -26,5 +25,5 @@ def naive_cross_rfa(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[
                 w = (q[b, :, i].to(acc) * k[b, :, j].to(acc)).sum(-1)
                 num = num + w.unsqueeze(-1) * v[b, :, j].to(acc)
                 den = den + w
-            out[b, :, i] = guarded_ratio(num, den, eps, v.dtype, absolute)
+            out[b, :, i] = guarded_ratio(num, den, eps, v.dtype)
     return out

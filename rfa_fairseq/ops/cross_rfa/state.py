@@ -23,17 +23,6 @@ def cross_rfa_state(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = N
     return kf.transpose(-1, -2) @ F.pad(v.to(kf.dtype), (0, 1), value=1.0)
 
 
-def key_norm_weights(k: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
-    """``k [B, H, S, K]`` (heads before the feature map) -> ``[B, H, S, 1]`` in fp32: ``exp(|k|^2 / 2K)`` over its
-    largest value on each source's non-padding keys and head (cancels in the ratio; weights <= 1). ``phi(k_j)`` times
-    it (rfa-doc-mt's ``--norm-rescale``) lets the norm that the feature map normalises away set a key's attention."""
-    log_w = k.to(compute_dtype(k)).pow(2).sum(-1, keepdim=True) / (2 * k.shape[-1])
-    if key_padding_mask is not None:
-        log_w = log_w.masked_fill(key_padding_mask[:, None, :, None].to(torch.bool), float("-inf"))
-    top = log_w.amax(dim=2, keepdim=True).clamp_min(torch.finfo(log_w.dtype).min).detach()
-    return torch.exp(log_w - top)
-
-
 def group_queries(q: Tensor, num_sources: int) -> Tensor:
     """``[B, H, Tq, F]`` -> ``[Bs, H, beam * Tq, F]``: each source's beams side by side, for one matmul per source."""
     B, H, Tq, Fd = q.shape
@@ -49,12 +38,11 @@ def ungroup(out: Tensor, B: int, Tq: int) -> Tensor:
 
 
 @exact_dtypes
-def cross_rfa_apply(q: Tensor, state: Tensor, eps: float = DEFAULT_EPS, out_dtype=None,
-                    absolute: bool = False) -> Tensor:
+def cross_rfa_apply(q: Tensor, state: Tensor, eps: float = DEFAULT_EPS, out_dtype=None) -> Tensor:
     """q ``[B, H, Tq, F]`` read from the state of :func:`cross_rfa_state` for ``B`` or ``B / beam`` sources, guarded
-    by ``eps``, ``absolute`` (``ops.denominator``): ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
+    by ``eps`` (``ops.denominator``): ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
     o = group_queries(q.to(state.dtype), state.shape[0]) @ state  # numerator | denominator
-    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)
+    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype)
     return ungroup(out, q.shape[0], q.shape[2])
 
 
@@ -76,20 +64,19 @@ def quadratic_is_cheaper(S: int, Fd: int, K: int, Tq: int) -> bool:
 
 @exact_dtypes
 def cross_rfa_quadratic(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None,
-                        eps: float = DEFAULT_EPS, out_dtype=None, absolute: bool = False) -> Tensor:
+                        eps: float = DEFAULT_EPS, out_dtype=None) -> Tensor:
     """``cross_rfa_apply(q, cross_rfa_state(k, v, key_padding_mask))`` by :func:`feature_products`: q ``[B, H, Tq, F]``;
     k ``[Bs, H, S, F]``, v ``[Bs, H, S, K]``, key_padding_mask ``[Bs, S]``, ``Bs`` = ``B`` or ``B / beam``."""
     scores = feature_products(q, k, key_padding_mask)
     o = scores @ F.pad(v.to(scores.dtype), (0, 1), value=1.0)  # numerator | denominator
-    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype, absolute)
+    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype)
     return ungroup(out, q.shape[0], q.shape[2])
 
 
 @exact_dtypes
-def cross_rfa_weights(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS,
-                      absolute: bool = False) -> Tensor:
+def cross_rfa_weights(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = None, eps: float = DEFAULT_EPS) -> Tensor:
     """The attention weights RFA applies implicitly, ``phi(q_i).phi(k_j) / guard(phi(q_i).z)`` (``phi(q_i).z``: the
     row's sum), shapes as :func:`cross_rfa_quadratic`: ``[B, H, Tq, S]`` in fp32 (fp64 for fp64), zero at padding."""
     scores = feature_products(q, k, key_padding_mask)
-    w = scores / guard(scores.sum(-1), eps, absolute).unsqueeze(-1)
+    w = scores / guard(scores.sum(-1), eps).unsqueeze(-1)
     return ungroup(w, q.shape[0], q.shape[2])
