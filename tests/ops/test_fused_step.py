@@ -60,3 +60,19 @@ def test_without_a_compiler_one_warning_then_torchs_operators(monkeypatch):
         assert fused.load() is None
     with torch.no_grad():
         assert not fused.usable(torch.zeros(1, H, Fd, K + 1))
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(monkeypatch, tmp_path):
+    """torch's extension build waits for its lock file to go; one left by a killed build would hang every later
+    process, so a lock older than ten minutes is removed (a fresh one belongs to a build under way)."""
+    import os
+    import time
+    import torch.utils.cpp_extension as ext
+    monkeypatch.setattr(ext, "_get_build_directory", lambda name, verbose: str(tmp_path))
+    monkeypatch.setattr(ext, "load", lambda *a, **kw: "op")
+    lock = tmp_path / "lock"
+    for age, kept in ((3600, False), (5, True)):
+        lock.touch()
+        os.utime(lock, (time.time() - age,) * 2)
+        monkeypatch.setattr(fused, "_op", None)
+        assert fused.load() == "op" and lock.exists() == kept
