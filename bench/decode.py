@@ -40,9 +40,8 @@ MODELS = {
                     **{f"rfa_enc_{kind}": RFA_MT + ["--encoder-attention", kind] for kind in ("rfa", "favor", "lara")},
                     "gate_sentidx": MT + ["--rfa-gate", "--sentence-index"],
                     "softmax_sentidx": MT + ["--decoder-attention", "softmax", "--sentence-index"],
-                    "gate_sentidx_window1": MT + ["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1"],
-                    "gate_sentidx_window1_onnx": MT + ["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1",
-                                                       "--onnx-runtime"],
+                    **{f"gate_sentidx_window1{o}": MT + ["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1",
+                                                          *f] for o, f in (("", []), ("_onnx", ["--onnx-runtime"]))},
                     "rfa_gate_graphs": RFA_MT + ["--rfa-gate", "--cuda-graphs"],
                     "rfa_gate_softcross_graphs": MT + ["--rfa-gate", "--cuda-graphs"]},
     "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": LM + BASE, "rfa_gate": LM + ["--rfa-gate"] + BASE,
@@ -292,15 +291,16 @@ def decode_checkpoint(model, argv, args, do_profile):
     batches = [utils.move_to_cuda(b) if cuda else b for b in batches[:args.max_batches]]
     parts, device = [], "cuda" if cuda else "cpu"  # (length or None, seconds, peak, outputs by id, growth)
     with torch.no_grad():
-        if not lm and not {"int8", "onnx"} & set(forms):  # an untimed warm-up batch: one-time costs would land in the
-            # first bucket (the ONNX step's export or load are counted there)
-            translate(batches[0])
+        if not lm:  # an untimed warm-up batch, lest one-time costs land in the first bucket; the ONNX step's export or
+            translate(batches[0])  # load in it is counted in the first batch (setup: to count, counted)
+        setup = [0.0 if ct2 or lm else getattr(getattr(net.decoder, "step_engine", None), "setup_seconds", 0.0)] * 2
         for n in sorted(args.lengths) if lm else [None]:
             for i, b in enumerate(batches):
                 out, start = [], harness.reset_peak(device)  # the peak (CUDA: torch's, blind to CTranslate2) above the start
                 seconds = harness.timed(lambda: out.extend(generate(b, n) if lm else translate(b)), device, clock=args.clock)[0]
                 peak = (None if ct2 else torch.cuda.max_memory_allocated()) if cuda else harness.status_bytes("VmHWM")
                 ids = range(i * cfg.dataset.batch_size, i * cfg.dataset.batch_size + len(b)) if lm else b["id"].tolist()
+                seconds, setup[0] = seconds + setup[0], 0.0
                 parts.append((n, seconds, peak, dict(zip(ids, out)), None if peak is None else max(peak - start, 0)))
     rows = []
     for n in sorted(args.lengths) if lm else [None]:
@@ -315,7 +315,8 @@ def decode_checkpoint(model, argv, args, do_profile):
             refs = [tgt.string(task.dataset(split)[i]["target"], cfg.common_eval.post_process, escape_unk=True) for i in row["_ids"]]
             hyps = [tgt.string(torch.tensor(o, dtype=torch.long), cfg.common_eval.post_process) for o in row["_out"]]
             row["bleu"] = __import__("sacrebleu").corpus_bleu(hyps, [refs]).score
-        rows.append(dict(row, memory="cuda max_memory_allocated" if cuda else "peak resident set of the decoding process"))
+        rows.append(dict(row, memory="cuda max_memory_allocated" if cuda else "peak resident set of the decoding process",
+                         engine_setup_s=round(setup[1], 3)))
     if do_profile and not ct2:
         steps = mark(net)
         rows[0]["profile"] = profiled(lambda: [generate(b, min(args.lengths)) if lm else translate(b) for b in batches], steps)

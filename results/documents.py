@@ -174,8 +174,7 @@ def rescore(variant, s, seed, data, out, a, record) -> dict:
         print(f"[{NAME}]   {out} holds another run's outputs ({found['valid_bleu']} / {found['test_bleu']} BLEU, "
               f"recorded {record.get('valid_bleu')} / {record.get('test_bleu')}): left as recorded", flush=True)
         return {}
-    ckpt = out / "checkpoint_last.pt"
-    return {**found, **alignment(ckpt, data, "test"), **endings(ckpt, data, "valid")}
+    return {**found, **alignment(out / "checkpoint_last.pt", data, "test"), **endings(out / "checkpoint_last.pt", data, "valid")}
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
@@ -194,8 +193,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
         r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref.en", out, a,  # scores replaced below
                  post=("--post-process", "sentencepiece", *POSITIONS, *GENERATE))
         record.update(scores(out, data, split), **{f"{split}_tokens_per_s": r.get("tokens_per_s")})
-    ckpt = out / "checkpoint_last.pt"
-    record.update(alignment(ckpt, data, "test"), **endings(ckpt, data, "valid"))
+    record.update(alignment(out / "checkpoint_last.pt", data, "test"), **endings(out / "checkpoint_last.pt", data, "valid"))
     (out / "record.json").write_text(json.dumps(record))
     return record
 

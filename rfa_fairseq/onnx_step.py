@@ -85,7 +85,7 @@ class OnnxStep:
         # the layers' places in the decoder (ids differ by process); the decoder's own state is read outside the step
         self.index = {m._incremental_state_id: i for i, m in enumerate(decoder.modules())
                       if hasattr(m, "_incremental_state_id") and m is not decoder}
-        self._weights_hash = None
+        self._weights_hash, self.setup_seconds = None, 0.0
 
     def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state,
                  sentence: Optional[Tensor] = None) -> Optional[Tensor]:
@@ -98,12 +98,13 @@ class OnnxStep:
         key = (beam, sentence is not None, encoder_out is not None,
                tuple((self.index[k.split(".")[0]], n, causal, t.dtype, t.dim()) for k, n, causal, t in layout))
         if key not in self.graphs:
-            int8 = f"-int8-{self.int8_min_weights}" if self.int8 else ""
+            int8, start = f"-int8-{self.int8_min_weights}" if self.int8 else "", time.perf_counter()
             path = cache_dir() / f"step-{self._hash(key)}{int8}.onnx"
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._export(key, layout, sentence, path)
             self.graphs[key] = Graph(path)
+            self.setup_seconds += time.perf_counter() - start  # the export or the load
         parents, states = None, []
         for k, _, causal, t in layout:  # the advanced states go to the spare buffers, which then hold the state
             if causal:

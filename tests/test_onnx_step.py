@@ -173,6 +173,7 @@ def test_a_second_model_loads_the_cached_graph_without_exporting(model_pair, mon
     with torch.no_grad():
         first = gen.forward(sample)
     assert len(list(onnx_cache.glob("step-*.onnx"))) == 1
+    exported = engine.decoder.step_engine.setup_seconds  # the export and the load, timed
     def export(*args, **kwargs):
         raise RuntimeError("exported again")
     monkeypatch.setattr(torch.onnx, "export", export)
@@ -180,6 +181,7 @@ def test_a_second_model_loads_the_cached_graph_without_exporting(model_pair, mon
     with torch.no_grad():
         again = gen.forward(sample)
     assert [h[0]["tokens"].tolist() for h in first] == [h[0]["tokens"].tolist() for h in again]
+    assert 0 < engine.decoder.step_engine.setup_seconds < exported  # the load alone
     with torch.no_grad():  # other weights: another graph
         engine.decoder.layers[0].fc1.weight.mul_(2.0)
     to_decoding_form_(engine, onnx_runtime=True)
