@@ -29,7 +29,7 @@ fi
 stamp=$("$PY" - <<'PY' 2>/dev/null || true
 import importlib.metadata as m
 try:
-    import torch, fairseq, sacrebleu, sacremoses, sentencepiece, pytest, hypothesis, matplotlib  # noqa
+    import torch, fairseq, sacrebleu, sacremoses, sentencepiece, pytest, xdist, hypothesis, matplotlib  # noqa
     m.version("rfa_fairseq")
     m.version("ctranslate2")  # optional, below: where it cannot install, setup runs its install steps every time
     m.version("fla-core")  # optional too
@@ -57,7 +57,7 @@ if ! "$PY" -c "import importlib.metadata as m; assert m.version('fairseq-fixed')
   pip_install --no-build-isolation --no-deps "fairseq-fixed==$FAIRSEQ_VERSION"
 fi
 pip_install "hydra-core==1.3.2" "omegaconf==2.3.0" regex sacrebleu sacremoses tqdm bitarray scikit-learn packaging cffi \
-  sentencepiece pytest hypothesis "matplotlib>=3.7" ninja
+  sentencepiece pytest pytest-xdist hypothesis "matplotlib>=3.7" ninja
 pip_install --no-build-isolation --no-deps -e .
 # optional, pinned as setup.py's "bench" extra: CTranslate2 for bench/decode.py (tests skip its cases without it)
 pip_install "ctranslate2==4.8.5" || echo "[setup] warning: ctranslate2 4.8.5 did not install; bench/decode.py runs without it"

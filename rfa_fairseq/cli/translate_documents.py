@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Tuple
 
 import torch
 
@@ -48,6 +48,23 @@ def read_documents(paths: List[str]) -> List[List[Document]]:
             start = n
         found.append(docs)
     return found
+
+
+def encode(spm, sentences: List[str]) -> str:
+    """A document as the model was trained on it: its sentences' sentencepiece pieces joined by the separator."""
+    return f" {SEPARATOR} ".join(" ".join(spm.encode(s, out_type=str)) for s in sentences)
+
+
+def lines_of(doc: Document, text: str, spm, name: str) -> Tuple[List[str], bool]:
+    """``doc``'s translation ``text`` (pieces, separators) as one line per source sentence, and whether it had as many
+    sentences; where not, a warning names the document, and the missing lines are empty or the extra join the last."""
+    sentences = [spm.decode(s.split()) for s in f" {text} ".split(f" {SEPARATOR} ")]
+    n = len(doc.sentences)
+    if len(sentences) == n:
+        return sentences, True
+    logger.warning("%s, the document at line %d: %d sentences translated for %d (%s)", name, doc.first_line, len(sentences),
+                   n, "the missing lines left empty" if len(sentences) < n else "the extra ones join its last line")
+    return (sentences + [""] * n)[:n - 1] + [" ".join(sentences[n - 1:])], False
 
 
 def parse(argv=None):
@@ -105,8 +122,7 @@ def translate(args):
     docs = [d for file_docs in inputs for d in file_docs]
     tokens = []
     for d in docs:
-        line = f" {SEPARATOR} ".join(" ".join(spm.encode(s, out_type=str)) for s in d.sentences)
-        tokens.append(src_dict.encode_line(line, add_if_not_exist=False, append_eos=True).long())
+        tokens.append(src_dict.encode_line(encode(spm, d.sentences), add_if_not_exist=False, append_eos=True).long())
         if tokens[-1].numel() > limit:
             raise ValueError(f"{args.documents[d.file]}, the document at line {d.first_line}: {tokens[-1].numel()} source "
                              f"tokens (subwords, separators and </s>), the model takes at most {limit}: split it")
@@ -134,14 +150,8 @@ def translate(args):
     misaligned = 0
     outputs = [[] for _ in args.documents]  # each file's documents, their lines joined
     for d, text in zip(docs, translated):
-        sentences = [spm.decode(s.split()) for s in f" {text} ".split(f" {SEPARATOR} ")]
-        if len(sentences) != len(d.sentences):
-            misaligned += 1
-            logger.warning("%s, the document at line %d: %d sentences translated for %d (%s)", args.documents[d.file],
-                           d.first_line, len(sentences), len(d.sentences), "the missing lines left empty"
-                           if len(sentences) < len(d.sentences) else "the extra ones join its last line")
-            sentences = (sentences + [""] * len(d.sentences))[:len(d.sentences) - 1] + [
-                " ".join(sentences[len(d.sentences) - 1:])]
+        sentences, aligned = lines_of(d, text, spm, args.documents[d.file])
+        misaligned += not aligned
         outputs[d.file].append("\n".join(sentences))
     paths = [args.output] if len(args.documents) == 1 else [os.path.join(args.output, os.path.basename(p)) for p in args.documents]
     if len(args.documents) > 1:

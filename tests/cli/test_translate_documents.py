@@ -96,3 +96,28 @@ def test_bad_inputs_stop_with_a_message(document_model, tmp_path, capsys):
         with pytest.raises(SystemExit):
             translate(document_model, inputs, tmp_path / "out.en", *extra)
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_interactive_recipe_writes_what_the_command_writes(document_model, tmp_path):
+    """recipes/tools/interactive_documents.sh: the documents through fairseq-interactive, split and decoded by the
+    command's own functions; a missing input stops it with the file's name."""
+    import os
+    import subprocess
+    import sys
+    _documents(tmp_path / "in.de", [3, 1, 4, 2])
+    fixed = ["--max-len-a", "0", "--max-len-b", "40"]
+    translate(document_model, [tmp_path / "in.de"], tmp_path / "command.en", *fixed)
+    bin_dir, repo = os.path.dirname(sys.executable), os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"], OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+
+    def recipe(source):
+        return subprocess.run(["bash", os.path.join(repo, "recipes/tools/interactive_documents.sh"), document_model,
+                               document_model / "ckpt.pt", document_model / "spm.model", source, tmp_path / "recipe.en",
+                               "--source-lang", "de", "--target-lang", "en", "--beam", "2", "--cpu", *fixed],
+                              env=env, capture_output=True, text=True, timeout=300)
+    done = recipe(tmp_path / "in.de")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "recipe.en").read_text() == (tmp_path / "command.en").read_text()
+    missing = recipe(tmp_path / "none.de")
+    assert missing.returncode == 2 and "none.de: no such file" in missing.stderr
