@@ -67,7 +67,7 @@ def main(argv=None):
         else:
             key = kwargs["key"] if "key" in kwargs else args_[1]
             q = mod.feature_map(split_heads(mod.q_proj(query), mod.num_heads))
-            k = mod._key_features(split_heads(mod.k_proj(key), mod.num_heads), key_padding_mask)
+            k = mod.feature_map(split_heads(mod.k_proj(key), mod.num_heads))
             state = cross_rfa_state(k, k.new_ones(*k.shape[:3], 1), key_padding_mask)
             ratio = cross_rfa_apply(q, state, eps=mod.eps, out_dtype=torch.float32)
         ratio = ratio[..., 0].permute(2, 0, 1)  # [T, B, H]
