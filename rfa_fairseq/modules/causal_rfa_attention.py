@@ -74,8 +74,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             log_g = F.logsigmoid(y[..., 3 * C:].to(compute_dtype(y))).permute(1, 2, 0)  # [B, H, T], fp32 (fp64 for fp64)
         q, k = self.feature_map(qkv[:2], random_matrix)  # queries and keys share the map: one call
         if key_padding_mask is not None:  # a padded step neither writes (k = 0) nor decays (log g = 0) the state
-            pad = key_padding_mask.unsqueeze(1)
-            pad = pad if pad.dtype == torch.bool else pad.bool()
+            pad = key_padding_mask.unsqueeze(1).bool()
             log_g = None if log_g is None else log_g.masked_fill(pad, 0.0)
             k = k.masked_fill(pad.unsqueeze(-1), 0.0)
         return q, k, qkv[2], log_g
@@ -120,7 +119,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         q, k = self.feature_map(y[:, :2 * C].view(B, 2, H, 1, K)).squeeze(-2).unbind(1)  # [B, H, F] each
         log_g = F.logsigmoid(y[:, 3 * C:].to(compute_dtype(y))) if self.gated else None  # [B, H]
         if key_padding_mask is not None:  # [B, 1]: a pad neither writes nor decays
-            pad = key_padding_mask if key_padding_mask.dtype == torch.bool else key_padding_mask.bool()
+            pad = key_padding_mask.bool()
             k = k.masked_fill(pad[:, :, None], 0.0)
             log_g = None if log_g is None else log_g.masked_fill(pad, 0.0)
         v = y[:, 2 * C:3 * C].view(B, H, K)

@@ -15,10 +15,8 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..ops import cross_rfa_apply, cross_rfa_quadratic, cross_rfa_state, cross_rfa_weights, quadratic_is_cheaper
-from ..ops.denominator import DEFAULT_EPS
 from .beam import BeamLayout
 from .heads import merge_heads, split_heads
-from .random_feature_map import RandomFeatureMap
 from .rfa_attention_base import IncrementalState, RFAttentionBase
 
 
@@ -28,10 +26,6 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
     the backward pass."""
 
     STATE_KEY = "cross_rfa"
-
-    def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, kdim: Optional[int] = None,
-                 bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False):
-        super().__init__(embed_dim, num_heads, feature_map, kdim=kdim, bias=bias, eps=eps, recompute=recompute)
 
     def _source_state(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor], rows: int,
                       keep_keys: bool) -> Dict[str, Optional[Tensor]]:
@@ -88,8 +82,7 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
     def _whole(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out_dtype: torch.dtype,
                random_matrix: Optional[Tensor] = None) -> Tensor:
         """Heads in, attention out ``[B, H, Tq, K]`` (without a decoding state or weights)."""
-        phi_q = self.feature_map(q, random_matrix)
-        phi_k = self.feature_map(k, random_matrix)
+        phi_q, phi_k = (self.feature_map(t, random_matrix) for t in (q, k))
         if quadratic_is_cheaper(k.shape[2], phi_q.shape[-1], v.shape[-1], Tq=q.shape[2]):
             return cross_rfa_quadratic(phi_q, phi_k, v, key_padding_mask, self.eps, out_dtype)
         return cross_rfa_apply(phi_q, cross_rfa_state(phi_k, v, key_padding_mask), self.eps, out_dtype)

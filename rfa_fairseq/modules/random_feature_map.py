@@ -40,14 +40,12 @@ class RandomFeatureMap(nn.Module):
     def __init__(self, num_heads: int, head_dim: int, num_features: int, kernel: str = "gaussian",
                  random_matrix: str = "orthogonal", init_sigma: float = 1.0, module_id: int = 0, fixed: bool = False):
         super().__init__()
-        self.fixed = fixed
         self.num_heads, self.head_dim, self.num_features = num_heads, head_dim, num_features
-        self.kernel, self.random_matrix_kind, self.module_id = kernel, random_matrix, module_id
+        self.kernel, self.random_matrix_kind, self.module_id, self.fixed = kernel, random_matrix, module_id, fixed
         self.output_dim = feature_size(kernel, num_features, head_dim)
         self.sigma = nn.Parameter(torch.full((num_heads, head_dim), float(init_sigma)))
         self.register_buffer("random_matrix", torch.zeros(num_heads, num_features, head_dim))
-        self.num_updates = 0
-        self._drawn_for = None
+        self.num_updates, self._drawn_for = 0, None
         self._inference_weights = (None, None)  # (what they were made from, the weights)
         self.redraw()
 

@@ -38,8 +38,7 @@ class RFAttentionBase(nn.Module):
                  bias: bool = True, eps: float = DEFAULT_EPS, recompute: bool = False):
         super().__init__()
         divisible_heads(embed_dim, num_heads)
-        self.embed_dim, self.num_heads = embed_dim, num_heads
-        self.head_dim = embed_dim // num_heads
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
         self.eps, self.recompute = eps, recompute
         add_projections(self, embed_dim, kdim or embed_dim, bias)
         self.feature_map = feature_map
