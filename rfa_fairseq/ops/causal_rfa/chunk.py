@@ -24,16 +24,8 @@ def chunk_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = 
                      initial_state: Optional[Tensor] = None, output_final_state: bool = False,
                      eps: float = DEFAULT_EPS, convex: bool = True,
                      chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tuple[Tensor, Optional[Tensor]]:
-    """The contract of :func:`naive_causal_rfa`, in chunks of ``chunk_size``."""
-    o, final = chunk_causal_sums(q, k, v, log_g, initial_state, output_final_state, convex, chunk_size)
-    return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype), final  # o: [B, H, T, K + 1]
-
-
-def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = None,
-                      initial_state: Optional[Tensor] = None, output_final_state: bool = False, convex: bool = True,
-                      chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tuple[Tensor, Optional[Tensor]]:
-    """:func:`chunk_causal_rfa` before the division, ``q_t^T [S_t | z_t]`` ``[B, H, T, K + 1]`` in fp32 (fp64 for fp64
-    inputs), and the final state or None."""
+    """The contract of :func:`naive_causal_rfa`, in chunks of ``chunk_size``: ``o``, ``q_t^T [S_t | z_t]``
+    ``[B, H, T, K + 1]`` in fp32 (fp64 for fp64 inputs), then numerators over denominators."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     B, H, T, Fd = q.shape
@@ -42,7 +34,7 @@ def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
     state = initial_state
     if T == 0:
         final = q.new_zeros(B, H, Fd, K + 1, dtype=acc) if state is None else state.to(acc)
-        return q.new_zeros(B, H, 0, K + 1, dtype=acc), (final if output_final_state else None)
+        return v.new_zeros(B, H, 0, K), (final if output_final_state else None)
     C = min(chunk_size, T)
     pad = (-T) % C
     N = (T + pad) // C
@@ -90,5 +82,6 @@ def chunk_causal_sums(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] =
             # the decay from the chunk start to position i, on the [C, K + 1] result, not the [C, F] queries
             o = o + torch.exp(b).to(acc).unsqueeze(-1) * (qf @ before)
 
-    # a copy, not a view that would keep the per-chunk states alive beside the decoding state
-    return o.reshape(B, H, N * C, K + 1)[:, :, :T], (final.clone() if output_final_state else None)
+    o = o.reshape(B, H, N * C, K + 1)[:, :, :T]
+    # the final state a copy, not a view that would keep the per-chunk states alive beside the decoding state
+    return guarded_ratio(o[..., :-1], o[..., -1], eps, v.dtype), (final.clone() if output_final_state else None)
