@@ -100,8 +100,7 @@ class RFAClassifierModel(BaseFairseqModel):
     def __init__(self, args, encoder: RFATransformerEncoder):
         super().__init__()
         self.args, self.encoder = args, encoder
-        self.pooling = str(args.classifier_pooling)
-        self.dual = str(args.classifier_head) == "dual"
+        self.pooling, self.dual = str(args.classifier_pooling), str(args.classifier_head) == "dual"
         self.classification_heads = nn.ModuleDict()
 
     @classmethod

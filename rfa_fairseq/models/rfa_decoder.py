@@ -167,8 +167,7 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
 
     def __init__(self, cfg, dictionary, embed_tokens, rfa: RFAConfig, no_encoder_attn=False,
                  output_projection=None, cross_attention: str = "rfa", decoding_attention: bool = False):
-        self.rfa, self.cross_attention = rfa, cross_attention
-        self._layers_built = 0
+        self.rfa, self.cross_attention, self._layers_built = rfa, cross_attention, 0
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection, decoding_attention=decoding_attention)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))

@@ -102,18 +102,14 @@ def rfa_base_architecture(args):
     base_architecture(args)
 
 
-def _rfa_twin(arch_name: str, fairseq_arch):
-    """Register ``arch_name``: the settings of fairseq's ``fairseq_arch``, then the RFA defaults."""
-    @register_model_architecture("rfa_transformer", arch_name)
+def _rfa_twin(fairseq_arch):
+    """Register ``rfa_`` + the name of fairseq's ``fairseq_arch``: its settings, then the RFA defaults."""
+    @register_model_architecture("rfa_transformer", "rfa_" + fairseq_arch.__name__)
     def architecture(args):
         fairseq_arch(args)
         rfa_base_architecture(args)
-    return architecture
 
 
-rfa_transformer_iwslt_de_en = _rfa_twin("rfa_transformer_iwslt_de_en", transformer_iwslt_de_en)
-rfa_transformer_wmt_en_de = _rfa_twin("rfa_transformer_wmt_en_de", transformer_wmt_en_de)
-rfa_transformer_vaswani_wmt_en_de_big = _rfa_twin("rfa_transformer_vaswani_wmt_en_de_big",
-                                                  transformer_vaswani_wmt_en_de_big)
-rfa_transformer_vaswani_wmt_en_fr_big = _rfa_twin("rfa_transformer_vaswani_wmt_en_fr_big",
-                                                  transformer_vaswani_wmt_en_fr_big)
+for _arch in (transformer_iwslt_de_en, transformer_wmt_en_de, transformer_vaswani_wmt_en_de_big,
+              transformer_vaswani_wmt_en_fr_big):
+    _rfa_twin(_arch)

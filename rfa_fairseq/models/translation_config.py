@@ -1,7 +1,7 @@
 """The translation model's attention choices (``rfa_transformer`` only), and their checks: not the
 ``--rfa-*`` flags (``rfa_fairseq.config``), which shape the RFA decoder, but which attention the encoder
 (:class:`EncoderAttentionConfig`), the decoder and its cross attention use."""
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
 
@@ -46,11 +46,8 @@ class TranslationAttentionConfig(EncoderAttentionConfig):
                 "few sentences, not the whole document (rfa_fairseq/ops/sentence_window.py). -1: the whole source"})
 
 
-ATTENTION_FIELDS = tuple(f.name for f in fields(TranslationAttentionConfig))
-
-
 def fill_attention_defaults(args):
-    """Architecture helper: set every missing attention choice (:data:`ATTENTION_FIELDS`) to its default."""
+    """Architecture helper: set every missing attention choice (:class:`TranslationAttentionConfig`) to its default."""
     fill_defaults(TranslationAttentionConfig, args)
 
 
