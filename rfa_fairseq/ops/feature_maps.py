@@ -104,23 +104,15 @@ def feature_size(kernel: str, num_features: int, head_dim: int) -> int:
     return _kind(kernel).size(num_features, head_dim)
 
 
-def scale_inputs(kernel: str, x: Tensor, sigma: Tensor) -> Tensor:
-    """``sigma * x / |x|`` (``elu``: ``sigma * x``) in fp32 (fp64 for fp64), ``x [B, H, T, K]``, ``sigma [H, K]``."""
-    x = x.to(compute_dtype(x))
-    if _kind(kernel).normalize:
-        x = l2_normalize(x)
-    return x * sigma.to(x.dtype)[:, None, :]
-
-
-def features(kernel: str, scaled: Tensor, random_matrix: Tensor) -> Tensor:
-    """phi of :func:`scale_inputs`' output ``[B, H, T, K]``: ``[B, H, T, F]``."""
-    return _kind(kernel).fn(scaled, random_matrix.to(scaled.dtype))
-
-
 def feature_map(kernel: str, x: Tensor, sigma: Tensor, random_matrix: Tensor) -> Tensor:
-    """phi(sigma * x / |x|) by ``kernel`` (``elu``: not normalised). The learned scale goes on the inputs, not the
-    matrix: ``1 / D`` of the projection's cost, and no per-call copy of the matrix."""
-    return features(kernel, scale_inputs(kernel, x, sigma), random_matrix)
+    """phi(sigma * x / |x|) by ``kernel`` (``elu``: not normalised) for ``x [B, H, T, K]``, ``sigma [H, K]``:
+    ``[B, H, T, F]`` in fp32 (fp64 for fp64). The learned scale goes on the inputs, not the matrix: ``1 / D`` of the
+    projection's cost, and no per-call copy of the matrix."""
+    kind = _kind(kernel)
+    x = x.to(compute_dtype(x))
+    if kind.normalize:
+        x = l2_normalize(x)
+    return kind.fn(x * sigma.to(x.dtype)[:, None, :], random_matrix.to(x.dtype))
 
 
 def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor) -> Tuple[Tensor, Tensor]:
