@@ -65,24 +65,19 @@ class RandomFeatureMap(nn.Module):
         self.random_matrix.copy_(w)
         self._drawn_for = seed
 
-    def refresh(self):
-        """In training, draw the matrix of the current step if it is not drawn yet (never when ``fixed``)."""
-        if self.training and not self.fixed:
-            seed = self.draw_seed()
-            if seed != self._drawn_for:
-                self.redraw(seed)
-
     def matrix_for_recompute(self) -> Tensor:
         """A copy of this step's random matrix (drawn now if it is not yet) for a backward pass that recomputes the
         features: the buffer itself is redrawn in place at the next training step."""
         return self.matrix().clone()
 
     def matrix(self, random_matrix: Optional[Tensor] = None) -> Tensor:
-        """``random_matrix`` (a :meth:`matrix_for_recompute` copy), else the buffer, drawn for this step."""
-        if random_matrix is None:
-            self.refresh()
-            random_matrix = self.random_matrix
-        return random_matrix
+        """``random_matrix`` (a :meth:`matrix_for_recompute` copy), else the buffer, in training drawn for the current
+        step if it is not yet (never when ``fixed``)."""
+        if random_matrix is not None:
+            return random_matrix
+        if self.training and not self.fixed and (seed := self.draw_seed()) != self._drawn_for:
+            self.redraw(seed)
+        return self.random_matrix
 
     def forward(self, x: Tensor, random_matrix: Optional[Tensor] = None) -> Tensor:
         """phi(x); ``random_matrix``: a :meth:`matrix_for_recompute` copy to use instead of the buffer (no redraw)."""
