@@ -166,10 +166,8 @@ class OnnxStep:
         for _, name, causal, t in layout:
             axes = AXES[name] if causal or name != "state" else SOURCE_STATE
             shape = [sizes[axes[i]] if i in axes else n for i, n in enumerate(t.shape)]
-            example = torch.zeros(shape, dtype=t.dtype)
-            if name == "window_offsets":
-                example = torch.arange(shape[1]).repeat(shape[0], 1)
-            args.append(example)
+            args.append(torch.arange(shape[1]).repeat(shape[0], 1) if name == "window_offsets"
+                        else torch.zeros(shape, dtype=t.dtype))
             shapes.append({i: dims[a] for i, a in axes.items()})
         tmp, start = path.with_suffix(f".{os.getpid()}.tmp"), time.perf_counter()
         levels = {log: log.level for log in map(logging.getLogger, ("", "onnxscript", "onnx_ir", "torch.onnx"))}
