@@ -12,28 +12,27 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def positive_int(name: str, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def _number(name: str, value, types, ok, what: str):
+    """``value`` if of ``types`` (not a bool) and ``ok``, else ValueError: ``name`` must be ``what``."""
+    if isinstance(value, bool) or not isinstance(value, types) or not ok(value):
+        raise ValueError(f"{name} must be {what}, got {value!r}")
     return value
+
+
+def positive_int(name: str, value):
+    return _number(name, value, int, lambda v: v >= 1, "a positive integer")
 
 
 def non_negative_int(name: str, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be 0 or a positive integer, got {value!r}")
-    return value
+    return _number(name, value, int, lambda v: v >= 0, "0 or a positive integer")
 
 
 def positive_finite(name: str, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return value
+    return _number(name, value, (int, float), lambda v: math.isfinite(v) and v > 0, "a positive finite number")
 
 
 def finite(name: str, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
-    return value
+    return _number(name, value, (int, float), math.isfinite, "a finite number")
 
 
 def one_of(name: str, value, choices) -> str:

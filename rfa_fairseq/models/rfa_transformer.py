@@ -9,14 +9,14 @@ from fairseq.models.transformer.transformer_legacy import (base_architecture, tr
                                                            transformer_vaswani_wmt_en_fr_big, transformer_wmt_en_de)
 from omegaconf import OmegaConf
 
-from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
+from ..config import RFAConfig, fill_defaults, fill_rfa_defaults, rfa_config_from
 from ..modules import CrossRFAttention
 from ..validation import divisible_heads
 from ..inference import InferenceConfig, InferenceMixin
 from .rfa_decoder import RFATransformerDecoder, SoftmaxTransformerDecoder
 from .rfa_encoder import RFATransformerEncoder, SoftmaxTransformerEncoder
 from .sentence_index import add_sentence_index, separator_index
-from .translation_config import TranslationAttentionConfig, attention_config_from, fill_attention_defaults
+from .translation_config import TranslationAttentionConfig, attention_config_from
 
 
 @register_model("rfa_transformer")
@@ -70,10 +70,8 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
     def build_encoder(cls, cfg, src_dict, embed_tokens):
         # cfg: fairseq's TransformerConfig, which keeps the unknown (encoder_attention, ...) attributes.
         attention = attention_config_from(cfg)
-        if attention.encoder_attention == "softmax":
-            encoder = SoftmaxTransformerEncoder(cfg, src_dict, embed_tokens)
-        else:
-            encoder = RFATransformerEncoder(cfg, src_dict, embed_tokens, attention)
+        encoder = (SoftmaxTransformerEncoder(cfg, src_dict, embed_tokens) if attention.encoder_attention == "softmax"
+                   else RFATransformerEncoder(cfg, src_dict, embed_tokens, attention))
         if attention.sentence_index:
             add_sentence_index(encoder.embed_positions, separator_index(src_dict, "source"), written=False)
         return encoder
@@ -98,7 +96,7 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
 @register_model_architecture("rfa_transformer", "rfa_transformer")
 def rfa_base_architecture(args):
     fill_rfa_defaults(args)
-    fill_attention_defaults(args)
+    fill_defaults(TranslationAttentionConfig, args)
     base_architecture(args)
 
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
 
-from ..config import RFA_FIELDS, fill_defaults, read_fields, refuse_changed
+from ..config import RFA_FIELDS, read_fields, refuse_changed
 from ..validation import flag, non_negative_int, one_of
 from .rfa_encoder import EncoderAttentionConfig, encoder_attention_config_from
 
@@ -44,11 +44,6 @@ class TranslationAttentionConfig(EncoderAttentionConfig):
         "help": "with --sentence-index: softmax cross attention reads only the source sentences within K of the "
                 "sentence being written (0: that one; 1: also the one before and after), so a decoding step reads a "
                 "few sentences, not the whole document (rfa_fairseq/ops/sentence_window.py). -1: the whole source"})
-
-
-def fill_attention_defaults(args):
-    """Architecture helper: set every missing attention choice (:class:`TranslationAttentionConfig`) to its default."""
-    fill_defaults(TranslationAttentionConfig, args)
 
 
 def attention_config_from(args) -> TranslationAttentionConfig:
