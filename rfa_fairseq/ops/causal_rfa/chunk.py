@@ -28,8 +28,7 @@ def chunk_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = 
     ``[B, H, T, K + 1]`` in fp32 (fp64 for fp64 inputs), then numerators over denominators."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
-    B, H, T, Fd = q.shape
-    K = v.shape[-1]
+    (B, H, T, Fd), K = q.shape, v.shape[-1]
     acc = compute_dtype(q)
     state = initial_state
     if T == 0:

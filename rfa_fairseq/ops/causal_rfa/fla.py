@@ -53,8 +53,7 @@ def fla_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = No
                            f"{q.device}{'' if fla_installed() else ' and no fla-core'} (TRITON_INTERPRET=1 runs "
                            "them slowly on a CPU)")
     from fla.ops.simple_gla import chunk_simple_gla
-    B, H, T, F = q.shape
-    K = v.size(-1)
+    (B, H, T, F), K = q.shape, v.size(-1)
     width = K + 1 + (K + 1) % 2  # [v | 1], and a column of zeros to make it even
     v1 = torch.cat([v.to(q.dtype), v.new_ones(B, H, T, 1, dtype=q.dtype),
                     v.new_zeros(B, H, T, width - K - 1, dtype=q.dtype)], dim=-1)

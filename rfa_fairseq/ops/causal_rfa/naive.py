@@ -20,8 +20,7 @@ def naive_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = 
 
         S_t = g_t S_{t-1} + (1 - g_t) k_t v_t^T,  z_t = g_t z_{t-1} + (1 - g_t) k_t
         out_t = q_t^T S_t / max(q_t . z_t, eps)      (g_t = 1 without a gate)"""
-    B, H, T, F = q.shape
-    K = v.shape[-1]
+    (B, H, T, F), K = q.shape, v.shape[-1]
     acc = compute_dtype(q)
     qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
     if initial_state is None:
@@ -32,8 +31,7 @@ def naive_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = 
     for t in range(T):
         kt, vt = kf[:, :, t], vf[:, :, t]
         if log_g is None:
-            S = S + kt.unsqueeze(-1) * vt.unsqueeze(-2)
-            z = z + kt
+            S, z = S + kt.unsqueeze(-1) * vt.unsqueeze(-2), z + kt
         else:
             lg = log_g[:, :, t].to(acc)
             g = torch.exp(lg)

@@ -49,8 +49,7 @@ def recurrent_causal_rfa_step(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[T
     acc = compute_dtype(q)
     decay, v1 = gate_weights(v, log_g, acc, convex)
     state = advance(state, decay, as_dtype(k, acc), v1, inplace)
-    B, H, Fd = q.shape
-    K = v.size(-1)
+    (B, H, Fd), K = q.shape, v.size(-1)
     o = torch.bmm(as_dtype(q, acc).reshape(B * H, 1, Fd), state.reshape(B * H, Fd, K + 1)).view(B, H, K + 1)
     return guarded_ratio(o[..., :K], o[..., K], eps, v.dtype), state  # numerator / denominator
 
