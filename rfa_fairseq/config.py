@@ -9,7 +9,7 @@ from .ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_
 from .ops.causal_rfa.fla import BACKENDS
 from .validation import finite, flag, non_negative_int, one_of, positive_finite, positive_int
 
-__all__ = ["RFAConfig", "RFA_FIELDS", "fill_rfa_defaults", "flag", "rfa_config_from", "refuse_changed"]
+__all__ = ["RFAConfig", "RFA_FIELDS", "fill_defaults", "flag", "rfa_config_from", "refuse_changed"]
 
 
 @dataclass
@@ -76,11 +76,6 @@ def fill_defaults(config_class, args):
     """Architecture helper: set every missing attribute of ``config_class``'s fields to its default."""
     for name, value in read_fields(config_class, args).items():
         setattr(args, name, value)
-
-
-def fill_rfa_defaults(args):
-    """Architecture helper: set every missing ``rfa_*`` attribute to its default."""
-    fill_defaults(RFAConfig, args)
 
 
 def rfa_config_from(args) -> RFAConfig:

@@ -9,7 +9,7 @@ from fairseq.models.transformer.transformer_legacy import (base_architecture, tr
                                                            transformer_vaswani_wmt_en_fr_big, transformer_wmt_en_de)
 from omegaconf import OmegaConf
 
-from ..config import RFAConfig, fill_defaults, fill_rfa_defaults, rfa_config_from
+from ..config import RFAConfig, fill_defaults, rfa_config_from
 from ..modules import CrossRFAttention
 from ..validation import divisible_heads
 from ..inference import InferenceConfig, InferenceMixin
@@ -95,7 +95,7 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
 
 @register_model_architecture("rfa_transformer", "rfa_transformer")
 def rfa_base_architecture(args):
-    fill_rfa_defaults(args)
+    fill_defaults(RFAConfig, args)
     fill_defaults(TranslationAttentionConfig, args)
     base_architecture(args)
 

@@ -10,7 +10,7 @@ from fairseq.models.transformer_lm import (DEFAULT_MAX_TARGET_POSITIONS, Transfo
 from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from fairseq.utils import safe_getattr
 
-from ..config import RFAConfig, fill_rfa_defaults, rfa_config_from
+from ..config import RFAConfig, fill_defaults, rfa_config_from
 from ..validation import divisible_heads, flag
 from ..inference import InferenceConfig, InferenceMixin
 from .rfa_decoder import RFATransformerDecoder
@@ -72,7 +72,7 @@ class RFATransformerLanguageModel(InferenceMixin, TransformerLanguageModel):
 def rfa_transformer_lm_wiki103(args):
     """Baevski and Auli's adaptive-input WikiText-103 model (16 layers, 1024 dims, 8 heads)."""
     transformer_lm_baevski_wiki103(args)
-    fill_rfa_defaults(args)
+    fill_defaults(RFAConfig, args)
     base_lm_architecture(args)
 
 
