@@ -53,7 +53,12 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             nn.init.constant_(gate_proj.bias, gate_bias)
             projections.append(gate_proj)
         del self.q_proj, self.k_proj, self.v_proj
-        self.in_proj = stack_linears(projections)
+        # one layer, their outputs side by side and their weights copied (skip_init: no random draw, so the draws
+        # after it are those of the separate layers' initialisation)
+        self.in_proj = nn.utils.skip_init(nn.Linear, embed_dim, sum(m.out_features for m in projections))
+        with torch.no_grad():
+            self.in_proj.weight.copy_(torch.cat([m.weight for m in projections]))
+            self.in_proj.bias.copy_(torch.cat([m.bias for m in projections]))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         """Checkpoints with separate ``q_proj``, ``k_proj``, ``v_proj`` (and ``gate_proj``) load into ``in_proj``."""
@@ -182,15 +187,3 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def extra_repr(self) -> str:
         gate = f"gate={'convex' if self.convex else 'decay'}" if self.gated else "gate=None"
         return f"heads={self.num_heads}, {gate}, backend={self.backend}"
-
-
-def stack_linears(linears) -> nn.Linear:
-    """One linear layer whose outputs are those of ``linears`` side by side (their weights copied; no random draw,
-    so the draws after it are those of the separate layers' initialisation)."""
-    w = linears[0].weight
-    stacked = nn.utils.skip_init(nn.Linear, w.size(1), sum(m.out_features for m in linears), device=w.device,
-                                 dtype=w.dtype)
-    with torch.no_grad():
-        stacked.weight.copy_(torch.cat([m.weight for m in linears]))
-        stacked.bias.copy_(torch.cat([w.new_zeros(m.out_features) if m.bias is None else m.bias for m in linears]))
-    return stacked
