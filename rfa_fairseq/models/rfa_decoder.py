@@ -65,17 +65,15 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
     def build_encoder_attention(self, embed_dim, cfg):
         if self.cross_attention == "softmax":
             return super().build_encoder_attention(embed_dim, cfg)
-        rfa = self.rfa
         return CrossRFAttention(
             embed_dim, cfg.decoder.attention_heads,
-            self._feature_map(cfg, rfa.rfa_cross_feature_dim, feature_map_id(self.layer_idx, cross=True)),
-            kdim=cfg.encoder.embed_dim, eps=rfa.rfa_eps, recompute=rfa.rfa_recompute)
+            self._feature_map(cfg, self.rfa.rfa_cross_feature_dim, feature_map_id(self.layer_idx, cross=True)),
+            kdim=cfg.encoder.embed_dim, eps=self.rfa.rfa_eps, recompute=self.rfa.rfa_recompute)
 
 
 class SoftmaxTransformerDecoder(TransformerDecoderBase):
     """fairseq's transformer decoder (``--decoder-attention softmax``) with :class:`SoftmaxTransformerDecoderLayer`
-    layers. Decoding steps return no cross-attention weights unless ``decoding_attention`` (the SequenceGenerator
-    copies them after every step, as costly as the step at long sources); training and scoring forwards do."""
+    layers. Decoding steps return cross-attention weights only with ``decoding_attention`` (its flag's help: why)."""
 
     def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None,
                  decoding_attention: bool = False):
@@ -278,9 +276,8 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         prefix = f"{name}." if name else ""
         version_key = prefix + "rfa_version"
         if version_key not in state_dict:
-            softmax_key = prefix + "layers.0.self_attn.k_proj.weight"
-            rfa_key = prefix + "layers.0.self_attn.feature_map.sigma"
-            if softmax_key in state_dict and rfa_key not in state_dict:
+            attn = prefix + "layers.0.self_attn."
+            if attn + "k_proj.weight" in state_dict and attn + "feature_map.sigma" not in state_dict:
                 raise RuntimeError("this checkpoint holds a softmax-attention decoder; an RFA architecture cannot load "
                                    "it without an explicit conversion (its attention has no random features): "
                                    "rfa-convert-from-softmax --input SOFTMAX.pt --output RFA.pt [--rfa-gate] writes "
