@@ -52,11 +52,9 @@ class LARAttention(nn.Module):
                 attn_mask: Optional[Tensor] = None) -> Tuple[Tensor, None]:
         """query: ``[T, B, C]``; key_padding_mask: ``[B, T]`` (True = pad). Returns ``([T, B, C], None)``."""
         check_self_attention_call(type(self).__name__, query, key, value, attn_mask)
+        q, k, v = (split_heads(proj(query), self.num_heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
         scale = self.head_dim ** -0.25
-        q = split_heads(self.q_proj(query), self.num_heads) * scale
-        k = split_heads(self.k_proj(query), self.num_heads) * scale
-        v = split_heads(self.v_proj(query), self.num_heads)
-        out = lara(q, k, v, self.noise(query.size(1), query.device), key_padding_mask, self.alpha_coeff)
+        out = lara(q * scale, k * scale, v, self.noise(query.size(1), query.device), key_padding_mask, self.alpha_coeff)
         return self.out_proj(merge_heads(cast_finite(out, query.dtype))), None
 
     def extra_repr(self) -> str:
