@@ -40,9 +40,8 @@ def recurrent_causal_rfa_step(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[T
                               inplace: bool = False) -> Tuple[Tensor, Tensor]:
     """Advance the state by one token and read it out: ``out [B, H, K]`` (dtype of ``v``) and the new state. ``q, k``:
     feature-mapped ``[B, H, F]``; ``v``: ``[B, H, K]``; ``log_g``: ``[B, H]`` or None; ``state``: ``[B, H, F, K + 1]``
-    in fp32 (fp64 for fp64 inputs), or None (zeros); ``inplace``: update ``state`` in place (see :func:`advance`) and
-    return that same tensor; ``convex=False``: the decay form, without the factors ``1 - g_t``. A pad writes nothing
-    (``k = 0``) and does not decay (``log g = 0``).
+    in fp32 (fp64 for fp64 inputs), or None (zeros); ``inplace``: update ``state`` in place (:func:`advance`) and return
+    that tensor; ``convex``: as :func:`naive_causal_rfa`. A pad (``k = 0``, ``log g = 0``) neither writes nor decays.
 
         [S | z]_t = g_t [S | z]_{t-1} + phi(k_t) [(1 - g_t) v_t | (1 - g_t)]   (g_t = 1 without a gate)
         out_t = phi(q_t) S_t / max(phi(q_t) . z_t, eps)"""
