@@ -1,11 +1,10 @@
 """Decoding steps run by ONNX Runtime (``--onnx-runtime``).
 
 A decoding step of a small batch is hundreds of small operators, and on the CPU its time is their dispatch, not their
-arithmetic. RFA's step has fixed-size inputs and state, so it is a pure function: (last tokens, position, sentence
-numbers, beam parents, the layers' decoding states) -> (scores, the causal states advanced). :class:`OnnxStep` exports
-that function from the model's own :meth:`RFATransformerDecoder.forward_step` (``torch.onnx.export``, dynamic in the
-rows, the sources, their length, sentences and windows), runs it with ONNX Runtime on the tensors where they lie (I/O
-binding) and writes the advanced states into the buffers beside them (``spare_state``: the two alternate).
+arithmetic. RFA's step has fixed-size inputs and state, so it is a pure function (:class:`StepFunction`).
+:class:`OnnxStep` exports it from the model's own :meth:`RFATransformerDecoder.forward_step` (``torch.onnx.export``,
+dynamic in the rows, the sources, their length, sentences and windows), runs it with ONNX Runtime on the tensors where
+they lie (I/O binding) and writes the advanced states into the buffers beside them (``spare_state``: the two alternate).
 
 The beam reorder is folded into the step: each causal layer defers its ``new_order`` (``parents`` in its buffer), and
 the next step gathers the parents' rows as it reads the state. A step the engine does not run (the first, a layout it

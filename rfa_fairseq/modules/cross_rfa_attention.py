@@ -5,9 +5,8 @@ In decoding the source is summarised once into a state ``[S | z]`` ``[Bs, H, F, 
 O(F K) per query and head. A whole target at once (training, scoring) takes whichever of that summary and the
 ``[Tq, S]`` feature products costs fewer multiply-adds (``ops.quadratic_is_cheaper``): the same numbers either way.
 
-Beam search (``modules/beam.py``): the state is computed from one copy per sentence and each sentence's beams read it
-as one group of queries; reordering is a no-op while the batch keeps its sentences, an index by sentence when finished
-ones are dropped."""
+Beam search (``modules/beam.py``): one state per sentence, which its beams read as one group of queries; reordering
+is a no-op while the batch keeps its sentences, an index by sentence when finished ones are dropped."""
 from typing import Dict, Optional, Tuple
 
 import torch
