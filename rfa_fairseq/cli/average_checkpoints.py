@@ -9,8 +9,7 @@ Floating-point parameters and buffers are averaged, except the random feature ma
 (``*.feature_map.random_matrix``): an average of independent draws is not a random feature matrix
 (its rows shrink towards zero, biasing the kernel estimate), so those, like integer buffers, come from
 the newest checkpoint (the highest update count). Checkpoints are read with ``weights_only=True``;
-importing rfa_fairseq allow-lists what fairseq stores.
-"""
+importing rfa_fairseq allow-lists what fairseq stores."""
 import argparse
 import os
 import re

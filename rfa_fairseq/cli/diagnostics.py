@@ -7,8 +7,7 @@ gradients; the task from the checkpoint) and prints for every RFA attention modu
   attention logits grow like sigma^2, so sigma near 1 means nearly uniform attention;
 - the mean gate g over real (non-padding) tokens, for RFA-Gate: about 1 / (1 - g) tokens of memory;
 - how often the denominator phi(q).z fell below --rfa-eps and was clamped (and how often it was
-  negative), in percent of the query positions times heads it was computed for.
-"""
+  negative), in percent of the query positions times heads it was computed for."""
 import argparse
 import itertools
 import json

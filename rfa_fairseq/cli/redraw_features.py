@@ -7,8 +7,7 @@
 Decoding with other draws (--seed) shows how much of a model's BLEU or perplexity depends on the feature
 noise; more features (--*-feature-dim) lower that noise at a higher decoding cost. Only the decoder's
 matrices are redrawn, as in training (the checkpoint's --rfa-random-matrix, seeded from --seed and the
-module); all else (weights, sigma, optimizer state, a linear encoder's matrices) is kept.
-"""
+module); all else (weights, sigma, optimizer state, a linear encoder's matrices) is kept."""
 import argparse
 
 import torch

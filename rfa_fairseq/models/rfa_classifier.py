@@ -5,8 +5,7 @@ sentence_prediction --criterion sentence_prediction --num-classes 10 --arch rfa_
 
 Two documents (LRA's Retrieval): the task joins ``input0`` and ``input1`` into one row ``doc1 </s> [separator] doc2
 </s>`` (right-padded), which ``--classifier-head dual`` cuts in two. Pooling ``mean`` averages over the non-padding
-positions only (LRA's code includes the padding), so no pooled vector depends on a batch's padding.
-"""
+positions only (LRA's code includes the padding), so no pooled vector depends on a batch's padding."""
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
