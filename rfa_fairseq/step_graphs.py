@@ -53,8 +53,7 @@ class StepGraphs:
                              "be captured")
         self.decoder, self.max_graphs = decoder, max_graphs
         self.graphs: "OrderedDict[tuple, tuple]" = OrderedDict()  # key -> (tokens, position, sentence buffers, replay)
-        self.seen_once: set = set()
-        self.pool = None
+        self.seen_once, self.pool = set(), None
 
     def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state,
                  sentence: Optional[Tensor] = None) -> Optional[Tensor]:
