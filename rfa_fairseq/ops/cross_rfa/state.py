@@ -42,8 +42,7 @@ def cross_rfa_apply(q: Tensor, state: Tensor, eps: float = DEFAULT_EPS, out_dtyp
     """q ``[B, H, Tq, F]`` read from the state of :func:`cross_rfa_state` for ``B`` or ``B / beam`` sources, guarded
     by ``eps`` (``ops.denominator``): ``[B, H, Tq, K]`` in ``out_dtype`` (default: dtype of ``q``)."""
     o = group_queries(q.to(state.dtype), state.shape[0]) @ state  # numerator | denominator
-    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype)
-    return ungroup(out, q.shape[0], q.shape[2])
+    return ungroup(guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype), q.shape[0], q.shape[2])
 
 
 def feature_products(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
@@ -69,8 +68,7 @@ def cross_rfa_quadratic(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optio
     k ``[Bs, H, S, F]``, v ``[Bs, H, S, K]``, key_padding_mask ``[Bs, S]``, ``Bs`` = ``B`` or ``B / beam``."""
     scores = feature_products(q, k, key_padding_mask)
     o = scores @ F.pad(v.to(scores.dtype), (0, 1), value=1.0)  # numerator | denominator
-    out = guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype)
-    return ungroup(out, q.shape[0], q.shape[2])
+    return ungroup(guarded_ratio(o[..., :-1], o[..., -1], eps, out_dtype or q.dtype), q.shape[0], q.shape[2])
 
 
 @exact_dtypes
@@ -78,5 +76,4 @@ def cross_rfa_weights(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] =
     """The attention weights RFA applies implicitly, ``phi(q_i).phi(k_j) / guard(phi(q_i).z)`` (``phi(q_i).z``: the
     row's sum), shapes as :func:`cross_rfa_quadratic`: ``[B, H, Tq, S]`` in fp32 (fp64 for fp64), zero at padding."""
     scores = feature_products(q, k, key_padding_mask)
-    w = scores / guard(scores.sum(-1), eps).unsqueeze(-1)
-    return ungroup(w, q.shape[0], q.shape[2])
+    return ungroup(scores / guard(scores.sum(-1), eps).unsqueeze(-1), q.shape[0], q.shape[2])
