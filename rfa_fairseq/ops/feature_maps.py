@@ -19,8 +19,7 @@ def sample_orthogonal_matrix(num_heads: int, num_features: int, head_dim: int,
     """Orthogonal random features (Yu et al., 2016): ``[H, D, K]``, blocks of ``K`` orthogonal unit rows (QR of a
     Gaussian matrix; the last block truncated), each rescaled by an independent chi(K) norm: marginally N(0, I)."""
     num_blocks = -(-num_features // head_dim)
-    gauss = torch.randn(num_heads, num_blocks, head_dim, head_dim, generator=generator)
-    q, r = torch.linalg.qr(gauss)
+    q, r = torch.linalg.qr(torch.randn(num_heads, num_blocks, head_dim, head_dim, generator=generator))
     q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # QR's sign fixed: a Haar-distributed draw
     rows = q.transpose(-1, -2).reshape(num_heads, num_blocks * head_dim, head_dim)[:, :num_features]
     norms = torch.randn(num_heads, num_features, head_dim, generator=generator).norm(dim=-1)

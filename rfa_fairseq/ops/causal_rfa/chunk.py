@@ -30,9 +30,8 @@ def chunk_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = 
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     (B, H, T, Fd), K = q.shape, v.shape[-1]
     acc = compute_dtype(q)
-    state = initial_state
     if T == 0:
-        final = q.new_zeros(B, H, Fd, K + 1, dtype=acc) if state is None else state.to(acc)
+        final = q.new_zeros(B, H, Fd, K + 1, dtype=acc) if initial_state is None else initial_state.to(acc)
         return v.new_zeros(B, H, 0, K), (final if output_final_state else None)
     C = min(chunk_size, T)
     pad = (-T) % C
@@ -43,9 +42,9 @@ def chunk_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = 
     vf = _pad_time(v1, pad).view(B, H, N, C, K + 1)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     # One chunk, no state in or out (training on sentences): the intra-chunk part is all, the state would cost more.
-    intra_only = N == 1 and state is None and not output_final_state
-    if state is not None:
-        state0 = state.to(acc)
+    intra_only = N == 1 and initial_state is None and not output_final_state
+    if initial_state is not None:
+        state0 = initial_state.to(acc)
     elif not intra_only:
         state0 = qf.new_zeros(B, H, Fd, K + 1)
     if log_g is None:
@@ -75,7 +74,7 @@ def chunk_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = 
             strictly_before = torch.ones(N + 1, N, dtype=torch.bool, device=q.device).tril(-1)
             exponents = (p.unsqueeze(-1) - p[..., 1:].unsqueeze(-2)).masked_fill(~strictly_before, float("-inf"))
             states = (torch.exp(exponents).to(acc) @ chunk_kv.flatten(-2)).view(B, H, N + 1, Fd, K + 1)
-            if state is not None:
+            if initial_state is not None:
                 states = states + torch.exp(p).to(acc)[..., None, None] * state0.unsqueeze(2)
             before, final = states[:, :, :N], states[:, :, N]
             # the decay from the chunk start to position i, on the [C, K + 1] result, not the [C, F] queries

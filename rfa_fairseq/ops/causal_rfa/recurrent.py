@@ -65,5 +65,4 @@ def recurrent_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor
         outs.append(o)
     if state is None:
         state = q.new_zeros(*q.shape[:2], q.size(-1), v.size(-1) + 1, dtype=compute_dtype(q))
-    out = torch.stack(outs, dim=2) if outs else v.new_zeros(*v.shape)
-    return out, (state if output_final_state else None)
+    return (torch.stack(outs, dim=2) if outs else v.new_zeros(*v.shape)), (state if output_final_state else None)
