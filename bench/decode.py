@@ -405,7 +405,7 @@ def parse_args(argv=None):
     c.add_argument("data", help="fairseq data-bin folder")
     c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=[int8:|onnx:]CHECKPOINT|NAME=ct2:PATH:TYPE",
                    help="repeatable; the first is the reference of the ratios")
-    c.add_argument("--task", choices=["translation", "language_modeling"], default="translation")
+    c.add_argument("--task", choices=["translation", "rfa_translation", "language_modeling"], default="translation")
     c.add_argument("--source-lang"), c.add_argument("--target-lang")
     for flag, default, text in (("--bucket-edges", [128, 256, 512], "translation: output-length buckets (tokens with </s>)"),
                                 ("--lengths", [1024, 4096, 8192], "language_modeling: new tokens after each prompt"),
@@ -423,7 +423,7 @@ def parse_args(argv=None):
     if args.mode == "checkpoint":
         if not os.path.isdir(args.data):
             c.error(f"no data folder {args.data}")
-        if args.task == "translation" and not (args.source_lang and args.target_lang):
+        if args.task != "language_modeling" and not (args.source_lang and args.target_lang):
             c.error("--task translation needs --source-lang and --target-lang")
         if args.bucket_edges != sorted(set(args.bucket_edges)):
             c.error(f"--bucket-edges must increase, got {args.bucket_edges}")

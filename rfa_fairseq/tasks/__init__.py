@@ -1,4 +1,5 @@
 """Tasks (importing this registers them with fairseq)."""
 from .stateful_lm import StatefulLanguageModelingTask
+from .translation import LeanBeamSearch, RFATranslationTask
 
-__all__ = ["StatefulLanguageModelingTask"]
+__all__ = ["LeanBeamSearch", "RFATranslationTask", "StatefulLanguageModelingTask"]

@@ -1,0 +1,96 @@
+"""``--task rfa_translation``'s beam search (LeanBeamSearch) against fairseq's SequenceGenerator, the naive reference:
+the same hypotheses (tokens, scores, positional scores, order) over decoders, beams, length limits and penalties, with
+sentences finishing at different steps (the batch shrinks), and candidates ending among the first beam; what it does
+not cover goes to fairseq's generator; fairseq's command lines build it through the task."""
+import argparse
+
+import pytest
+import torch
+from fairseq.sequence_generator import SequenceGenerator
+
+from rfa_fairseq.inference import to_decoding_form_
+from rfa_fairseq.tasks import LeanBeamSearch, RFATranslationTask
+
+from rfa_test_utils import random_tokens
+
+# the flags, and a factor on </s>'s output weights that makes the untrained decoder end at different steps
+DECODERS = [pytest.param(["--rfa-gate"], 6.0, id="rfa-gate"), pytest.param(["--decoder-attention", "softmax"], -2.0, id="softmax"),
+            pytest.param(["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1"], 6.0, id="documents")]
+
+
+def _sample(task, sep, batch=6, length=20, seed=0):
+    """Left-padded sources of different lengths, a separator every few tokens."""
+    d, g = task.source_dictionary, torch.Generator().manual_seed(seed)
+    src = torch.full((batch, length), d.pad())
+    for i in range(batch):
+        n = length - 1 - 2 * i
+        tokens = random_tokens(d, 1, n, g)[0]
+        tokens[tokens == sep] = d.unk()
+        tokens[3::5] = sep
+        src[i, length - n - 1:-1], src[i, -1] = tokens, d.eos()
+    return {"id": torch.arange(batch), "net_input": {"src_tokens": src, "src_lengths": src.ne(d.pad()).sum(1)}}
+
+
+def _same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert [h["tokens"].tolist() for h in g] == [h["tokens"].tolist() for h in w]
+        for a, b in zip(g, w):
+            assert a["score"].item() == b["score"].item()
+            assert torch.equal(a["positional_scores"], b["positional_scores"])
+
+
+@pytest.mark.parametrize("extra, ending", DECODERS)
+@pytest.mark.parametrize("settings", [dict(beam_size=4, max_len_b=30), dict(beam_size=1, max_len_b=30),
+                                      dict(beam_size=5, max_len_b=12, min_len=3, len_penalty=0.6, unk_penalty=0.5),
+                                      dict(beam_size=3, max_len_a=1.5, max_len_b=2, normalize_scores=False)],
+                         ids=["beam4", "greedy", "limits-penalties", "max-len-a"])
+def test_same_hypotheses_as_fairseqs_beam_search(documents_model, extra, ending, settings):
+    task, model, sep = documents_model(*extra)
+    eos = task.target_dictionary.eos()
+    with torch.no_grad():  # sentences end at different steps, and end and split often: every branch of a step runs
+        model.decoder.output_projection.weight[eos] *= ending
+        model.decoder.output_projection.weight[sep] *= 2.0
+    sample = _sample(task, sep)
+    with torch.no_grad():
+        want = SequenceGenerator([model], task.target_dictionary, **settings).forward(sample)
+        lean = LeanBeamSearch([model], task.target_dictionary, **settings)
+        got = lean.forward(sample)
+    _same(got, want)
+    lengths = {len(h["tokens"]) for nbest in want for h in nbest}
+    assert len(lengths) > 2, "hypotheses of few lengths do not exercise the batch shrinking"
+
+
+def test_same_hypotheses_with_the_onnx_step(documents_model, tmp_path, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setenv("RFA_ONNX_CACHE", str(tmp_path / "onnx"))
+    task, model, sep = documents_model("--rfa-gate", "--sentence-index")
+    with torch.no_grad():
+        model.decoder.output_projection.weight[task.target_dictionary.eos()] *= 3.0
+    to_decoding_form_(model, onnx_runtime=True)
+    sample = _sample(task, sep, batch=3)
+    with torch.no_grad():
+        want = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30).forward(sample)
+        got = LeanBeamSearch([model], task.target_dictionary, beam_size=4, max_len_b=30).forward(sample)
+    _same(got, want)
+
+
+def test_what_it_does_not_cover_is_fairseqs(documents_model, monkeypatch):
+    task, model, sep = documents_model("--rfa-gate")
+    sample, called = _sample(task, sep, batch=2), []
+    monkeypatch.setattr(SequenceGenerator, "_generate", lambda self, *a, **k: called.append(a) or "fairseq's")
+    with torch.no_grad():
+        lean = LeanBeamSearch([model], task.target_dictionary, beam_size=2, max_len_b=10, no_repeat_ngram_size=2)
+        assert lean.forward(sample) == "fairseq's"
+        lean = LeanBeamSearch([model], task.target_dictionary, beam_size=2, max_len_b=10)
+        assert lean.forward(sample, prefix_tokens=torch.ones(2, 1, dtype=torch.long)) == "fairseq's"
+    assert len(called) == 2
+
+
+def test_the_task_builds_it_for_beam_search_and_fairseqs_for_alignment(documents_model):
+    task, model, _ = documents_model("--rfa-gate")
+    ours = RFATranslationTask(task.cfg, task.source_dictionary, task.target_dictionary)
+    args = argparse.Namespace(beam=4, print_alignment=False)
+    assert type(ours.build_generator([model], args)) is LeanBeamSearch
+    args.print_alignment = "hard"
+    assert type(ours.build_generator([model], args)) is not LeanBeamSearch
