@@ -419,7 +419,7 @@ generate_flags() {
 generate_test() {
   rm -rf "$GEN_DIR"
   generate_flags
-  fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" --task translation \
+  fairseq-generate "$DATA_BIN" --user-dir "$USER_DIR" --task rfa_translation \
     --source-lang "$SRC" --target-lang "$TGT" --gen-subset test --path "$AVG" \
     "${GENERATE_FLAGS[@]}" --results-path "$GEN_DIR" "$@" 2>&1 | tee "$WORK/logs/generate.$RUN.log"
   grep '^H-' "$GEN_DIR/generate-test.txt" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$HYP"

@@ -83,7 +83,7 @@ def bleu(data_bin: Path, ckpt: Path, split: str, ref: Path, out: Path, a, post=(
     gen, log = out / f"generate.{split}.out", out / f"generate.{split}.log"
     with open(gen, "w") as o, open(log, "w") as e:
         subprocess.run([tool("fairseq-generate"), data_bin, "--user-dir", "rfa_fairseq", "--path", ckpt, "--gen-subset", split,
-                        "--beam", "4", "--batch-size", "64", "--max-len-a", "1.2", "--max-len-b", "10",
+                        "--task", "rfa_translation", "--beam", "4", "--batch-size", "64", "--max-len-a", "1.2", "--max-len-b", "10",
                         "--required-batch-size-multiple", "1", *post, *a.cpu_flag], stdout=o, stderr=e, check=True, cwd=ROOT, env=ENV)
     (score := out / f"score.{split}.json").unlink(missing_ok=True)
     run([PY, "scripts/score_translation.py", gen, log, ref, "--json", score], out / f"score.{split}.log")

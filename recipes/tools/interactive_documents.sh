@@ -24,8 +24,8 @@ from rfa_fairseq.cli.translate_documents import encode, read_documents
 spm = sentencepiece.SentencePieceProcessor(model_file=sys.argv[1])
 print("\n".join(encode(spm, d.sentences) for d in read_documents([sys.argv[2]])[0]))
 PY
-fairseq-interactive "$DATA" --user-dir "$ROOT/rfa_fairseq" --path "$CKPT" --input "$OUT.docs" --beam 4 \
-  --max-len-a 1.2 --max-len-b 10 "$@" > "$OUT.log"
+fairseq-interactive "$DATA" --user-dir "$ROOT/rfa_fairseq" --path "$CKPT" --input "$OUT.docs" \
+  --task rfa_translation --beam 4 --max-len-a 1.2 --max-len-b 10 "$@" > "$OUT.log"
 python - "$SPM" "$IN" "$OUT.log" "$OUT" <<'PY'
 import sys, sentencepiece
 from rfa_fairseq.cli.translate_documents import lines_of, read_documents

@@ -69,7 +69,7 @@ def lines_of(doc: Document, text: str, spm, name: str) -> Tuple[List[str], bool]
 
 def parse(argv=None):
     from fairseq import options
-    parser = options.get_generation_parser(default_task="translation")
+    parser = options.get_generation_parser(default_task="rfa_translation")
     parser.prog = "rfa-translate-documents"
     group = parser.add_argument_group("documents (rfa-translate-documents)")
     group.add_argument("--documents", nargs="+", required=True, metavar="FILE",
