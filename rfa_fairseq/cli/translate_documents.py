@@ -67,7 +67,7 @@ def lines_of(doc: Document, text: str, spm, name: str) -> Tuple[List[str], bool]
     return (sentences + [""] * n)[:n - 1] + [" ".join(sentences[n - 1:])], False
 
 
-def parse(argv=None):
+def main(argv=None):
     from fairseq import options
     parser = options.get_generation_parser(default_task="rfa_translation")
     parser.prog = "rfa-translate-documents"
@@ -80,13 +80,8 @@ def parse(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--user-dir" not in argv:
         argv += ["--user-dir", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
-    return parser, options.parse_args_and_arch(parser, argv)
-
-
-def main(argv=None):
-    parser, args = parse(argv)
     try:
-        translate(args)
+        translate(options.parse_args_and_arch(parser, argv))
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
 
