@@ -9,8 +9,6 @@ from .ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_
 from .ops.causal_rfa.fla import BACKENDS
 from .validation import finite, flag, non_negative_int, one_of, positive_finite, positive_int
 
-__all__ = ["RFAConfig", "RFA_FIELDS", "fill_defaults", "flag", "rfa_config_from", "refuse_changed"]
-
 
 @dataclass
 class RFAConfig(FairseqDataclass):
@@ -43,9 +41,8 @@ class RFAConfig(FairseqDataclass):
         "help": "chunk length of the chunked parallel form of causal RFA used in training"})
     rfa_backend: ChoiceEnum(list(BACKENDS)) = field(default="auto", metadata={
         "help": "kernels of causal RFA in training and scoring: torch (the chunked form, any device), fla "
-                "(flash-linear-attention's Triton kernels: pip install .[gpu]) or auto (fla on a CUDA device "
-                "with fla-core and a Triton fla trains with, else torch; docs/benchmarks.md); decoding steps "
-                "are torch's"})
+                "(flash-linear-attention's Triton kernels: pip install .[gpu]) or auto (fla on a CUDA device with "
+                "fla-core and a Triton fla trains with, else torch; docs/benchmarks.md); decoding steps are torch's"})
     rfa_recompute: bool = field(default=False, metadata={
         "help": "in training, keep only each causal RFA attention's input (cross attention's q, k, v) for the "
                 "backward pass, which recomputes the rest (also below --rfa-recompute-segment; docs/benchmarks.md)"})
@@ -89,9 +86,8 @@ def rfa_config_from(args) -> RFAConfig:
     for name in ("rfa_init_sigma", "rfa_eps"):
         positive_finite(flag(name), values[name])
     finite(flag("rfa_gate_bias"), values["rfa_gate_bias"])
-    values["rfa_kernel"] = one_of(flag("rfa_kernel"), values["rfa_kernel"], KERNELS)
-    values["rfa_random_matrix"] = one_of(flag("rfa_random_matrix"), values["rfa_random_matrix"], RANDOM_MATRICES)
-    values["rfa_gate_form"] = one_of(flag("rfa_gate_form"), values["rfa_gate_form"], GATE_FORMS)
+    for name, valid in (("rfa_kernel", KERNELS), ("rfa_random_matrix", RANDOM_MATRICES), ("rfa_gate_form", GATE_FORMS)):
+        values[name] = one_of(flag(name), values[name], valid)
     for name in ("rfa_gate", "rfa_fixed_features", "rfa_recompute"):
         values[name] = bool(values[name])
     if not values["rfa_gate"] and (values["rfa_gate_form"] != _DEFAULTS.rfa_gate_form
@@ -103,8 +99,7 @@ def rfa_config_from(args) -> RFAConfig:
 
 
 def refuse_changed(args, names, shaped: str, why: str):
-    """ValueError naming every ``--rfa-*`` flag of ``names`` set away from its default: it would
-    shape a part (``shaped``) that the chosen attention does not have."""
+    """ValueError naming each flag of ``names`` set away from its default: it would shape ``shaped``, absent here."""
     changed = [flag(name) for name in names
                if getattr(args, name, None) is not None and getattr(args, name) != getattr(_DEFAULTS, name)]
     if changed:

@@ -5,6 +5,7 @@ print (a flag such as ``--rfa-chunk-size`` or an argument such as ``embed_dim``)
 it when the value is bad, and returns the value otherwise (a bool is not an int; NaN and infinity are not finite;
 ``one_of`` returns ``str(value)``, for ChoiceEnum members)."""
 import math
+from functools import partial
 
 
 def flag(name: str) -> str:
@@ -19,20 +20,11 @@ def _number(name: str, value, types, ok, what: str):
     return value
 
 
-def positive_int(name: str, value):
-    return _number(name, value, int, lambda v: v >= 1, "a positive integer")
-
-
-def non_negative_int(name: str, value):
-    return _number(name, value, int, lambda v: v >= 0, "0 or a positive integer")
-
-
-def positive_finite(name: str, value):
-    return _number(name, value, (int, float), lambda v: math.isfinite(v) and v > 0, "a positive finite number")
-
-
-def finite(name: str, value):
-    return _number(name, value, (int, float), math.isfinite, "a finite number")
+positive_int = partial(_number, types=int, ok=lambda v: v >= 1, what="a positive integer")
+non_negative_int = partial(_number, types=int, ok=lambda v: v >= 0, what="0 or a positive integer")
+positive_finite = partial(_number, types=(int, float), ok=lambda v: math.isfinite(v) and v > 0,
+                          what="a positive finite number")
+finite = partial(_number, types=(int, float), ok=math.isfinite, what="a finite number")
 
 
 def one_of(name: str, value, choices) -> str:
