@@ -23,8 +23,7 @@ FORBIDDEN_EOS = -80.0
 
 
 class SoftmaxTransformerDecoderLayer(TransformerDecoderLayerBase):
-    """fairseq's decoder layer, its cross attention a :class:`SoftmaxCrossAttention` (the same weights; one copy of
-    the source's keys and values per sentence in beam search)."""
+    """fairseq's decoder layer, its cross attention a :class:`SoftmaxCrossAttention` (same weights, leaner caches)."""
 
     def build_encoder_attention(self, embed_dim, cfg):
         return SoftmaxCrossAttention(  # the arguments of fairseq's builder
@@ -153,15 +152,11 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         return SentenceWindow(source, target, self.cross_sentence_window)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return wrap_layer(self.new_layer(cfg, no_encoder_attn), cfg)
-
-    def new_layer(self, cfg, no_encoder_attn):
-        return SoftmaxTransformerDecoderLayer(cfg, no_encoder_attn)
+        return wrap_layer(SoftmaxTransformerDecoderLayer(cfg, no_encoder_attn), cfg)
 
 
 class RFATransformerDecoder(SoftmaxTransformerDecoder):
-    """fairseq's transformer decoder with :class:`RFATransformerDecoderLayer` layers. Args: as
-    :class:`SoftmaxTransformerDecoder`, plus the :class:`RFAConfig` and the cross attention's kind."""
+    """fairseq's transformer decoder with :class:`RFATransformerDecoderLayer` layers (``rfa``, ``cross_attention``)."""
 
     def __init__(self, cfg, dictionary, embed_tokens, rfa: RFAConfig, no_encoder_attn=False,
                  output_projection=None, cross_attention: str = "rfa", decoding_attention: bool = False):
@@ -170,10 +165,10 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                          output_projection=output_projection, decoding_attention=decoding_attention)
         self.register_buffer("rfa_version", torch.tensor([RFA_CHECKPOINT_VERSION]))
 
-    def new_layer(self, cfg, no_encoder_attn):
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
         self._layers_built += 1
-        return RFATransformerDecoderLayer(cfg, self.rfa, self._layers_built - 1, no_encoder_attn,
-                                          cross_attention=self.cross_attention)
+        return wrap_layer(RFATransformerDecoderLayer(cfg, self.rfa, self._layers_built - 1, no_encoder_attn,
+                                                     cross_attention=self.cross_attention), cfg)
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
                 stream_state: Optional[IncrementalState] = None, **kwargs):
@@ -183,7 +178,10 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         first that asks only for the output is :meth:`forward_step` (or the step engine's)."""
         if stream_state is None:
             if incremental_state and not (features_only or kwargs or self.decoding_attention):
-                tokens, position = prev_output_tokens[:, -1:], self._position_index(prev_output_tokens)
+                # the position table's row of the last token, as fairseq's embeddings count in decoding
+                tokens, position = prev_output_tokens[:, -1:], self.padding_idx + prev_output_tokens.size(1)
+                if self.embed_positions is not None and position >= self._position_table().size(0):
+                    self.embed_positions(prev_output_tokens, incremental_state={})  # a too short sinusoidal table grows
                 sentence = None if self.sentence_separator is None else prev_output_tokens.eq(
                     self.sentence_separator).sum(1)
                 out = None if self.step_engine is None else self.step_engine(tokens, position, encoder_out,
@@ -226,14 +224,6 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
         for layer in self.layers:
             x, _, _ = layer(x, enc, window, incremental_state, self_attn_padding_mask=pad)
         return self.output_layer(self._features(x))
-
-    def _position_index(self, prev_output_tokens) -> int:
-        """The position table's row of the last of ``prev_output_tokens``, as fairseq's embeddings count in decoding;
-        a sinusoidal table too short for it grows (fairseq's embedding does that when called)."""
-        index = self.padding_idx + prev_output_tokens.size(1)
-        if self.embed_positions is not None and index >= self._position_table().size(0):
-            self.embed_positions(prev_output_tokens, incremental_state={})
-        return index
 
     def _position_table(self) -> Tensor:
         ep = self.embed_positions
