@@ -13,10 +13,6 @@ from ..modules import ENCODER_ATTENTIONS, build_encoder_self_attention
 from ..validation import flag, one_of, positive_int
 from .wrapping import wrap_layer
 
-# Encoder modules seed their random matrices with ids from here on, so that their draws never
-# coincide with the decoder's (whose modules are numbered 0, 1, ... from its first layer).
-ENCODER_MODULE_ID_BASE = 1 << 20
-
 
 @dataclass
 class EncoderAttentionConfig(FairseqDataclass):
@@ -33,22 +29,18 @@ class EncoderAttentionConfig(FairseqDataclass):
                 "one proposal and sample each; cost O(source length x C) per head)"})
 
 
-_ENCODER_DEFAULTS = EncoderAttentionConfig()
-
-
 def encoder_attention_config_from(args) -> EncoderAttentionConfig:
-    """Read and validate the encoder's choices from a namespace, dataclass or DictConfig (missing
-    ones take their defaults). Raises ValueError naming the offending flag."""
+    """The encoder's choices from a namespace, dataclass or DictConfig, validated (ValueError names a bad flag)."""
     values = read_fields(EncoderAttentionConfig, args)
     encoder = values["encoder_attention"] = one_of(flag("encoder_attention"), values["encoder_attention"],
                                                    ENCODER_ATTENTIONS)
     for name in ("encoder_feature_dim", "lara_landmarks"):
         positive_int(flag(name), values[name])
-    if encoder not in ("rfa", "favor") and values["encoder_feature_dim"] != _ENCODER_DEFAULTS.encoder_feature_dim:
+    if encoder not in ("rfa", "favor") and values["encoder_feature_dim"] != EncoderAttentionConfig.encoder_feature_dim:
         raise ValueError(f"--encoder-feature-dim sets the random features of --encoder-attention rfa or favor; "
                          f"it does nothing with --encoder-attention {encoder}"
                          + (" (LARA's samples are its landmarks: --lara-landmarks)" if encoder == "lara" else ""))
-    if encoder != "lara" and values["lara_landmarks"] != _ENCODER_DEFAULTS.lara_landmarks:
+    if encoder != "lara" and values["lara_landmarks"] != EncoderAttentionConfig.lara_landmarks:
         raise ValueError(f"--lara-landmarks needs --encoder-attention lara (got --encoder-attention {encoder})")
     return EncoderAttentionConfig(**values)
 
@@ -62,8 +54,7 @@ class BeamGroupedReorder:
 
     def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
         out = super().forward(src_tokens, src_lengths, return_all_hiddens, token_embeddings)
-        out["src_tokens"] = [src_tokens]
-        return out
+        return dict(out, src_tokens=[src_tokens])
 
     def reorder_encoder_out(self, encoder_out, new_order):
         out = encoder_out["encoder_out"]
@@ -88,12 +79,11 @@ class RFATransformerEncoderLayer(TransformerEncoderLayerBase):
         return build_encoder_self_attention(
             self.attention.encoder_attention, embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout,
             feature_dim=self.attention.encoder_feature_dim, landmarks=self.attention.lara_landmarks,
-            module_id=ENCODER_MODULE_ID_BASE + self.layer_idx)
+            module_id=(1 << 20) + self.layer_idx)  # seeds its draws: never a decoder module's id (0, 1, ...)
 
 
 class RFATransformerEncoder(BeamGroupedReorder, TransformerEncoderBase):
-    """fairseq's transformer encoder with :class:`RFATransformerEncoderLayer` layers. Args: as
-    ``TransformerEncoderBase`` (a ``TransformerConfig``), plus the attention choices."""
+    """fairseq's transformer encoder (a ``TransformerConfig``'s) with :class:`RFATransformerEncoderLayer` layers."""
 
     def __init__(self, cfg, dictionary, embed_tokens, attention: EncoderAttentionConfig, return_fc=False):
         self.attention, self._layers_built = attention, 0  # build_encoder_layer runs in the parent constructor

@@ -11,8 +11,6 @@ from .rfa_encoder import EncoderAttentionConfig, encoder_attention_config_from
 
 DECODER_ATTENTIONS = ("rfa", "softmax")
 CROSS_ATTENTIONS = ("rfa", "softmax")
-# the --rfa-* flags that shape RFA cross attention only
-RFA_CROSS_FIELDS = ("rfa_cross_feature_dim",)
 
 
 @dataclass
@@ -47,8 +45,7 @@ class TranslationAttentionConfig(EncoderAttentionConfig):
 
 
 def attention_config_from(args) -> TranslationAttentionConfig:
-    """Read and validate the attention choices (with a softmax decoder: no ``--rfa-*`` flag changed); ValueError
-    names the offending flag."""
+    """The attention choices, validated (a softmax decoder: no ``--rfa-*`` flag changed; ValueError names the flag)."""
     values = dict(read_fields(TranslationAttentionConfig, args), **vars(encoder_attention_config_from(args)))
     for name, choices in (("decoder_attention", DECODER_ATTENTIONS), ("cross_attention", CROSS_ATTENTIONS)):
         values[name] = one_of(flag(name), values[name], choices)
@@ -59,7 +56,7 @@ def attention_config_from(args) -> TranslationAttentionConfig:
                              "decoder, its cross attention too, is fairseq's own (a checkpoint saved with both loads "
                              "with --model-overrides \"{'cross_attention': 'softmax'}\")")
     if values["cross_attention"] == "softmax":
-        refuse_changed(args, RFA_CROSS_FIELDS, "RFA cross attention",
+        refuse_changed(args, ("rfa_cross_feature_dim",), "RFA cross attention",
                        "with --cross-attention softmax (the default) the cross attention is fairseq's own")
     for name in ("decoding_attention", "sentence_index", "no_sentence_alignment"):
         values[name] = bool(values[name])

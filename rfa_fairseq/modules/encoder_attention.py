@@ -14,7 +14,6 @@ from .lara_attention import LARAttention, check_self_attention_call
 from .random_feature_map import RandomFeatureMap
 
 ENCODER_ATTENTIONS = ("softmax", "rfa", "favor", "lara")
-RFA_KERNELS = {"rfa": "gaussian", "favor": "favor"}  # each random-feature kind's kernel (ops.feature_maps)
 
 
 class EncoderRFAttention(CrossRFAttention):
@@ -43,5 +42,5 @@ def build_encoder_self_attention(kind: str, embed_dim: int, num_heads: int, drop
         return LARAttention(embed_dim, num_heads, landmarks=landmarks)
     positive_int("feature_dim", feature_dim)
     feature_map = RandomFeatureMap(num_heads=num_heads, head_dim=embed_dim // num_heads, num_features=feature_dim,
-                                   kernel=RFA_KERNELS[kind], module_id=module_id)
+                                   kernel={"rfa": "gaussian", "favor": "favor"}[kind], module_id=module_id)
     return EncoderRFAttention(embed_dim, num_heads, feature_map)
