@@ -55,8 +55,7 @@ class RFAClassifierConfig(EncoderAttentionConfig):
 
 
 class ClassificationHead(nn.Module):
-    """LRA's classifier MLP on pooled vectors (Batch x Channel): Linear-ReLU-Linear for one text;
-    for two documents Linear-ReLU-Linear(mlp_dim // 2)-ReLU-Linear on the combined vector."""
+    """LRA's classifier MLP on pooled vectors (Batch x Channel): of one text, or of two documents combined."""
 
     def __init__(self, input_dim: int, mlp_dim: int, num_classes: int, pair_interaction: Optional[str] = None):
         super().__init__()
@@ -88,8 +87,7 @@ def split_pairs(src_tokens: Tensor, eos: int, pad: int) -> Tuple[Tensor, Tensor]
     pos = torch.arange(src_tokens.size(1), device=src_tokens.device).unsqueeze(0)
     first = src_tokens.masked_fill(pos >= len1.unsqueeze(1), pad)[:, :int(len1.max())]
     index = (len1.unsqueeze(1) + pos).clamp(max=src_tokens.size(1) - 1)
-    second = src_tokens.gather(1, index).masked_fill(pos >= len2.unsqueeze(1), pad)[:, :int(len2.max())]
-    return first, second
+    return first, src_tokens.gather(1, index).masked_fill(pos >= len2.unsqueeze(1), pad)[:, :int(len2.max())]
 
 
 @register_model("rfa_classifier", dataclass=RFAClassifierConfig)
@@ -98,9 +96,8 @@ class RFAClassifierModel(BaseFairseqModel):
 
     def __init__(self, args, encoder: RFATransformerEncoder):
         super().__init__()
-        self.args, self.encoder = args, encoder
+        self.args, self.encoder, self.classification_heads = args, encoder, nn.ModuleDict()
         self.pooling, self.dual = str(args.classifier_pooling), str(args.classifier_head) == "dual"
-        self.classification_heads = nn.ModuleDict()
 
     @classmethod
     def build_model(cls, args, task):
@@ -123,10 +120,9 @@ class RFAClassifierModel(BaseFairseqModel):
 
     def register_classification_head(self, name, num_classes=None, inner_dim=None, **kwargs):
         """Called by ``sentence_prediction`` with ``--num-classes``; ``inner_dim`` overrides the MLP size."""
-        mlp_dim = inner_dim or self.args.classifier_mlp_dim or self.args.encoder_ffn_embed_dim
         self.classification_heads[name] = ClassificationHead(
-            self.args.encoder_embed_dim, mlp_dim, num_classes,
-            pair_interaction=str(self.args.pair_interaction) if self.dual else None)
+            self.args.encoder_embed_dim, inner_dim or self.args.classifier_mlp_dim or self.args.encoder_ffn_embed_dim,
+            num_classes, pair_interaction=str(self.args.pair_interaction) if self.dual else None)
 
     def pooled(self, src_tokens: Tensor) -> Tensor:
         """Encode Batch x Time tokens and pool them to Batch x Channel."""
@@ -147,13 +143,10 @@ class RFAClassifierModel(BaseFairseqModel):
         if self.dual:
             pad = self.encoder.dictionary.pad()
             docs = split_pairs(src_tokens, self.encoder.dictionary.eos(), pad)
-            width = max(doc.size(1) for doc in docs)
-            pooled = self.pooled(torch.cat([nn.functional.pad(doc, (0, width - doc.size(1)), value=pad)
-                                            for doc in docs]))
-            u, v = pooled.chunk(2, dim=0)
-        else:
-            pooled = self.pooled(src_tokens)
-            u, v = pooled, None
+            width = max(doc.size(1) for doc in docs)  # the first documents, then the second, as one batch
+            src_tokens = torch.cat([nn.functional.pad(doc, (0, width - doc.size(1)), value=pad) for doc in docs])
+        pooled = self.pooled(src_tokens)
+        u, v = pooled.chunk(2, dim=0) if self.dual else (pooled, None)
         if classification_head_name is None:
             return pooled, {}
         return self.classification_heads[classification_head_name](u, v), {"pooled": pooled}

@@ -47,8 +47,7 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
         model = super().build_model(args, task)
         if attention.sentence_index:
             model.decoder.source_separator = separator_index(task.source_dictionary, "source")
-        if attention.cross_sentence_window >= 0:
-            model.decoder.cross_sentence_window = attention.cross_sentence_window
+        model.decoder.cross_sentence_window = attention.cross_sentence_window  # -1: off
         model.read_inference_flags(args)
         return model
 

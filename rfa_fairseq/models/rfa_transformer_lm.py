@@ -34,10 +34,9 @@ class RFATransformerLanguageModel(InferenceMixin, TransformerLanguageModel):
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
         if safe_getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = safe_getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
-        decoder = RFATransformerDecoder(
+        model = cls(RFATransformerDecoder(
             TransformerConfig.from_namespace(args), task.target_dictionary, cls.build_lm_input_embedding(args, task),
-            rfa=rfa, no_encoder_attn=True)
-        model = cls(decoder)
+            rfa=rfa, no_encoder_attn=True))
         model.read_inference_flags(args)
         return model
 
@@ -78,8 +77,7 @@ def rfa_transformer_lm_wiki103(args):
 
 @register_model_architecture("rfa_transformer_lm", "rfa_transformer_lm_wiki103_small")
 def rfa_transformer_lm_wiki103_small(args):
-    """A small WikiText-103 setting (ours): the wiki103 recipe (adaptive input and softmax with
-    cutoffs 20000,60000, tied weights, dropout 0.3) at 6 layers, 512 dims, 8 heads, FFN 2048."""
+    """Ours: the wiki103 recipe (adaptive input and softmax, tied weights, dropout 0.3) at the smaller sizes below."""
     for name, value in (("decoder_layers", 6), ("decoder_embed_dim", 512), ("decoder_ffn_embed_dim", 2048),
                         ("decoder_attention_heads", 8)):
         setattr(args, name, safe_getattr(args, name, value))
