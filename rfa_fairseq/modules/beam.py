@@ -14,7 +14,6 @@ class BeamLayout:
     beam_size = 1
 
     def set_beam_size(self, beam_size: int):
-        """Called through the model by fairseq's SequenceGenerator."""
         self.beam_size = beam_size
 
     def rows_per_source(self, batch: int) -> int:

@@ -15,8 +15,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..ops import chunk_causal_rfa, fla_causal_rfa, recurrent_causal_rfa_step
-from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
-from ..ops.causal_rfa import fused
+from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS, fused
 from ..ops.causal_rfa.fla import BACKENDS, fla_chosen
 from ..ops.causal_rfa.fused import fused_causal_rfa_step
 from ..ops.denominator import DEFAULT_EPS, compute_dtype
@@ -41,11 +40,9 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
                  gate_form: str = "convex", gate_bias: float = 2.0, recompute_segment: int = DEFAULT_RECOMPUTE_SEGMENT,
                  backend: str = "torch"):
         super().__init__(embed_dim, num_heads, feature_map, eps=eps, recompute=recompute)
-        one_of("gate_form", gate_form, GATE_FORMS)
-        non_negative_int("recompute_segment", recompute_segment)
-        self.backend = one_of("backend", backend, BACKENDS)
-        self.chunk_size, self.recompute_segment = chunk_size, recompute_segment
-        self.gated, self.convex = gate, gate_form == "convex"
+        self.gated, self.convex = gate, one_of("gate_form", gate_form, GATE_FORMS) == "convex"
+        self.recompute_segment = non_negative_int("recompute_segment", recompute_segment)
+        self.backend, self.chunk_size = one_of("backend", backend, BACKENDS), chunk_size
         projections = [self.q_proj, self.k_proj, self.v_proj]
         if gate:
             gate_proj = nn.Linear(embed_dim, num_heads)
@@ -74,9 +71,8 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         T, B, C = x.shape
         y = self.in_proj(x)
         qkv = y[..., :3 * C].view(T, B, 3, self.num_heads, self.head_dim).permute(2, 1, 3, 0, 4)
-        log_g = None
-        if self.gated:
-            log_g = F.logsigmoid(y[..., 3 * C:].to(compute_dtype(y))).permute(1, 2, 0)  # [B, H, T], fp32 (fp64 for fp64)
+        # the gate's log [B, H, T], fp32 (fp64 for fp64)
+        log_g = F.logsigmoid(y[..., 3 * C:].to(compute_dtype(y))).permute(1, 2, 0) if self.gated else None
         q, k = self.feature_map(qkv[:2], random_matrix)  # queries and keys share the map: one call
         if key_padding_mask is not None:  # a padded step neither writes (k = 0) nor decays (log g = 0) the state
             pad = key_padding_mask.unsqueeze(1).bool()

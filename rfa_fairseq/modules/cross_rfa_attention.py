@@ -68,15 +68,12 @@ class CrossRFAttention(BeamLayout, RFAttentionBase):
             saved = self._source_state(key, value, key_padding_mask, rows, keep_keys=need_weights)
             self._set_input_buffer(incremental_state, saved)  # a no-op without a decoding state
         q = self.feature_map(split_heads(self.q_proj(query), self.num_heads))
-        if "state" in saved:
-            out = cross_rfa_apply(q, saved["state"], eps=self.eps, out_dtype=query.dtype)
-        else:
-            out = cross_rfa_quadratic(q, saved["k"], saved["v"], saved["key_padding_mask"], self.eps, query.dtype)
-        weights = None
-        if need_weights:  # the state then holds the keys (see _source_state)
-            weights = cross_rfa_weights(q, saved["k"], saved["key_padding_mask"], eps=self.eps)
-            weights = weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
-        return self.out_proj(merge_heads(out)), weights
+        out = (cross_rfa_apply(q, saved["state"], eps=self.eps, out_dtype=query.dtype) if "state" in saved
+               else cross_rfa_quadratic(q, saved["k"], saved["v"], saved["key_padding_mask"], self.eps, query.dtype))
+        if not need_weights:
+            return self.out_proj(merge_heads(out)), None
+        weights = cross_rfa_weights(q, saved["k"], saved["key_padding_mask"], eps=self.eps)  # saved: the keys
+        return self.out_proj(merge_heads(out)), weights.transpose(0, 1) if need_head_weights else weights.mean(dim=1)
 
     def _whole(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], out_dtype: torch.dtype,
                random_matrix: Optional[Tensor] = None) -> Tensor:

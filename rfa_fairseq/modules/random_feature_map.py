@@ -61,8 +61,7 @@ class RandomFeatureMap(nn.Module):
         """Draw a new random matrix (from ``seed``, or from the current step's seed)."""
         seed = self.draw_seed() if seed is None else seed
         gen = torch.Generator().manual_seed(seed)
-        w = sample_random_matrix(self.random_matrix_kind, self.num_heads, self.num_features, self.head_dim, gen)
-        self.random_matrix.copy_(w)
+        self.random_matrix.copy_(sample_random_matrix(self.random_matrix_kind, *self.random_matrix.shape, gen))
         self._drawn_for = seed
 
     def matrix_for_recompute(self) -> Tensor:

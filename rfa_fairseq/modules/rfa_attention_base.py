@@ -18,8 +18,7 @@ def init_projection(linear: nn.Linear, gain: float = 1.0):
 
 
 def add_projections(module: nn.Module, embed_dim: int, kdim: int, bias: bool):
-    """``module``'s ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj``, initialised as fairseq's
-    MultiheadAttention (Xavier with gain 2^-1/2 for q, k, v; biases zero)."""
+    """``module``'s ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj``, initialised as MultiheadAttention's."""
     module.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
     module.k_proj = nn.Linear(kdim, embed_dim, bias=bias)
     module.v_proj = nn.Linear(kdim, embed_dim, bias=bias)
