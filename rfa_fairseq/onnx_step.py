@@ -30,7 +30,6 @@ logger = logging.getLogger(__name__)
 AXES = {"state": {0: "P"}, "prev_key": {0: "S", 2: "T"}, "prev_value": {0: "S", 2: "T"}, "k": {0: "S", 2: "T"},
         "prev_key_padding_mask": {0: "S", 1: "T"}, "window_kv": {0: "S", 2: "T"}, "window_spans": {0: "S", 1: "J"},
         "window_offsets": {0: "S", 1: "W"}, "v": {0: "S", 2: "T"}, "key_padding_mask": {0: "S", 1: "T"}}
-SOURCE_STATE = {0: "S"}  # a cross attention's fixed-size state (CrossRFAttention's [S, H, F, K + 1])
 EXAMPLE = {"S": 3, "T": 37, "J": 7, "W": 11}  # sizes to trace at, none 0 or 1 (which torch.export specializes)
 # Steps of more rows run eagerly: there the state's bytes outweigh the dispatch, and the eager step reads and writes the
 # state once (ops/causal_rfa/fused.py) where ONNX Runtime's nodes each pass over it (docs/benchmarks.md)
@@ -79,12 +78,11 @@ class OnnxStep:
             raise ValueError("--onnx-runtime runs RFA's fixed-size decoding step: it needs an RFA decoder "
                              "(not --decoder-attention softmax, whose cache grows every step)")
         self.decoder, self.int8, self.int8_min_weights = decoder, int8, int8_min_weights
-        self.graphs: Dict[tuple, Graph] = {}
         self.causal = [m for m in decoder.modules() if isinstance(m, CausalRFAttention)]
         # the layers' places in the decoder (ids differ by process); the decoder's own state is read outside the step
         self.index = {m._incremental_state_id: i for i, m in enumerate(decoder.modules())
                       if hasattr(m, "_incremental_state_id") and m is not decoder}
-        self._weights_hash, self.setup_seconds = None, 0.0
+        self.graphs, self._weights_hash, self.setup_seconds = {}, None, 0.0  # graphs: by the step's layout
 
     def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state,
                  sentence: Optional[Tensor] = None) -> Optional[Tensor]:
@@ -115,9 +113,8 @@ class OnnxStep:
                     spare = t.new_empty((max(rows, t.size(0)),) + t.shape[1:])
                 buffer["state"], buffer["spare_state"] = spare[:rows], t
                 states.append(spare[:rows])
-        step = [tokens, torch.tensor([position]), torch.arange(rows) if parents is None else parents]
-        return self.graphs[key].run(step + ([sentence] if sentence is not None else []), [t for *_, t in layout],
-                                      states)
+        step = [tokens, torch.tensor([position]), torch.arange(rows) if parents is None else parents, sentence]
+        return self.graphs[key].run([t for t in step if t is not None], [t for *_, t in layout], states)
 
     def _layout(self, incremental_state) -> Optional[List[tuple]]:
         """The decoding state's tensors in fixed order as (key, field, causal, tensor); None at a field not in AXES."""
@@ -163,7 +160,7 @@ class OnnxStep:
             args.append(torch.zeros(sizes["R"], dtype=torch.long))
             shapes.append({0: dims["R"]})
         for _, name, causal, t in layout:
-            axes = AXES[name] if causal or name != "state" else SOURCE_STATE
+            axes = AXES[name] if causal or name != "state" else {0: "S"}  # CrossRFAttention's state [S, H, F, K + 1]
             shape = [sizes[axes[i]] if i in axes else n for i, n in enumerate(t.shape)]
             args.append(torch.arange(shape[1]).repeat(shape[0], 1) if name == "window_offsets"
                         else torch.zeros(shape, dtype=t.dtype))
@@ -175,9 +172,8 @@ class OnnxStep:
                 log.setLevel(logging.ERROR)
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                program = torch.onnx.export(step, tuple(args), dynamic_shapes=(*shapes[:3], tuple(shapes[3:])),
-                                            dynamo=True, optimize=True, verbose=False)
-                program.save(str(tmp))
+                torch.onnx.export(step, tuple(args), dynamic_shapes=(*shapes[:3], tuple(shapes[3:])), dynamo=True,
+                                  optimize=True, verbose=False).save(str(tmp))
                 if self.int8:
                     quantize(tmp, self.int8_min_weights)
         finally:
@@ -225,16 +221,13 @@ class Graph:
     def __init__(self, path: Path):
         import onnxruntime as ort
         options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        options.inter_op_num_threads = 1
+        options.intra_op_num_threads, options.inter_op_num_threads = torch.get_num_threads(), 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.ort = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.inputs = [i.name for i in self.ort.get_inputs()]
-        self.outputs = [o.name for o in self.ort.get_outputs()]
+        self.inputs, self.outputs = [i.name for i in self.ort.get_inputs()], [o.name for o in self.ort.get_outputs()]
         self.vocab = self.ort.get_outputs()[0].shape[-1]
-        self.scores: Optional[Tensor] = None
-        self.staged: Dict[int, List[Tensor]] = {}  # rows -> the step's small inputs' buffers
-        self.bindings: Dict[tuple, object] = {}
+        # the scores' buffer, the step's small inputs' buffers by rows, the I/O bindings by the tensors' addresses
+        self.scores, self.staged, self.bindings = None, {}, {}
 
     def run(self, step: List[Tensor], held: List[Tensor], states: List[Tensor]) -> Tensor:
         """The graph on ``step`` (tokens, position, parents, sentence: copied into the graph's buffers) and ``held``

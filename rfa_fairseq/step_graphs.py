@@ -13,15 +13,13 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-Replay = Callable[[], Tensor]
-
 
 def captures_on(device: torch.device) -> bool:
     """Whether steps on ``device`` are captured: CUDA devices (tests emulate capture elsewhere)."""
     return device.type == "cuda"
 
 
-def capture_cuda_graph(step: Callable[[], Tensor], warmup: Callable[[], Tensor], pool) -> Replay:
+def capture_cuda_graph(step: Callable[[], Tensor], warmup: Callable[[], Tensor], pool) -> Callable[[], Tensor]:
     """``step`` as a CUDA graph in ``pool``, after ``warmup`` (the step on copies of the state): the replay runs it
     and returns its output (the same tensor each time). The capture itself runs nothing."""
     side = torch.cuda.Stream()
@@ -99,8 +97,7 @@ class StepGraphs:
         copies = {name: {f: None if t is None else t.clone() for f, t in fields.items()}
                   for name, fields in incremental_state.items()}
         step = self.decoder.forward_step
-        replay = capture_cuda_graph(
+        return token_buffer, position_buffer, sentence_buffer, capture_cuda_graph(
             lambda: step(token_buffer, position_buffer, encoder_out, incremental_state, sentence_buffer),
             lambda: step(token_buffer, position_buffer, encoder_out, copies, sentence_buffer), self.pool)
-        return token_buffer, position_buffer, sentence_buffer, replay
 
