@@ -26,7 +26,6 @@ def as_dtype(x: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def guard(den: Tensor, eps: float) -> Tensor:
-    """max(den, eps)."""
     return den.clamp_min(eps)
 
 

@@ -11,7 +11,6 @@ from torch import Tensor
 from .denominator import as_dtype, compute_dtype
 
 RANDOM_MATRICES = ("gaussian", "orthogonal")
-NORM_EPS = 1e-6
 
 
 def sample_orthogonal_matrix(num_heads: int, num_features: int, head_dim: int,
@@ -22,8 +21,7 @@ def sample_orthogonal_matrix(num_heads: int, num_features: int, head_dim: int,
     q, r = torch.linalg.qr(torch.randn(num_heads, num_blocks, head_dim, head_dim, generator=generator))
     q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # QR's sign fixed: a Haar-distributed draw
     rows = q.transpose(-1, -2).reshape(num_heads, num_blocks * head_dim, head_dim)[:, :num_features]
-    norms = torch.randn(num_heads, num_features, head_dim, generator=generator).norm(dim=-1)
-    return rows * norms.unsqueeze(-1)
+    return rows * torch.randn(num_heads, num_features, head_dim, generator=generator).norm(dim=-1).unsqueeze(-1)
 
 
 def sample_random_matrix(kind: str, num_heads: int, num_features: int, head_dim: int,
@@ -36,8 +34,7 @@ def sample_random_matrix(kind: str, num_heads: int, num_features: int, head_dim:
     raise ValueError(f"unknown random matrix kind {kind!r}; expected one of {RANDOM_MATRICES}")
 
 
-def l2_normalize(x: Tensor, eps: float = NORM_EPS) -> Tensor:
-    """x / (|x| + eps) over the last dimension."""
+def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
     return x / (x.norm(dim=-1, keepdim=True) + eps)
 
 
@@ -119,8 +116,7 @@ def gaussian_step_weights(random_matrix: Tensor, sigma: Tensor) -> Tuple[Tensor,
     sigma folded in, twice, and ``phase [2 D]``, ``[0, pi/2]``: one bmm and one sine make ``[sin | cos]``."""
     w = (random_matrix * sigma.to(random_matrix.dtype).unsqueeze(1)).transpose(1, 2)  # [H, K, D]
     D = w.size(-1)
-    phase = torch.cat([w.new_zeros(D), w.new_full((D,), math.pi / 2)])
-    return torch.cat([w, w], dim=-1).contiguous(), phase
+    return torch.cat([w, w], dim=-1).contiguous(), torch.cat([w.new_zeros(D), w.new_full((D,), math.pi / 2)])
 
 
 def gaussian_step_features(x: Tensor, projection: Tensor, phase: Tensor) -> Tensor:

@@ -128,8 +128,7 @@ def naive_lara(q: Tensor, k: Tensor, v: Tensor, noise: Tensor, key_padding_mask:
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
     """Exact ``softmax_j(q_i . k_j) v_j`` over non-padding keys: ``[B, H, T, K]`` (the target)."""
     acc = compute_dtype(q)
-    logits = _mask_keys(q.to(acc) @ k.to(acc).transpose(-1, -2), key_padding_mask)
-    return torch.softmax(logits, dim=-1) @ v.to(acc)
+    return torch.softmax(_mask_keys(q.to(acc) @ k.to(acc).transpose(-1, -2), key_padding_mask), dim=-1) @ v.to(acc)
 
 
 def randomized_attention(q: Tensor, k: Tensor, v: Tensor, num_samples: int = 1,

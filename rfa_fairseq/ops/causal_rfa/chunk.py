@@ -15,7 +15,6 @@ DEFAULT_CHUNK_SIZE = 64
 
 
 def _pad_time(x: Tensor, pad: int) -> Tensor:
-    """``x`` with ``pad`` zeros after its last step (dim 2)."""
     return torch.cat([x, x.new_zeros(*x.shape[:2], pad, *x.shape[3:])], dim=2) if pad else x
 
 
@@ -36,10 +35,8 @@ def chunk_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = 
     C = min(chunk_size, T)
     pad = (-T) % C
     N = (T + pad) // C
-    qf = _pad_time(q.to(acc), pad).view(B, H, N, C, Fd)
-    kf = _pad_time(k.to(acc), pad).view(B, H, N, C, Fd)
-    v1 = torch.cat([v.to(acc), v.new_ones(B, H, T, 1, dtype=acc)], dim=-1)
-    vf = _pad_time(v1, pad).view(B, H, N, C, K + 1)
+    qf, kf = (_pad_time(t.to(acc), pad).view(B, H, N, C, Fd) for t in (q, k))
+    vf = _pad_time(torch.cat([v.to(acc), v.new_ones(B, H, T, 1, dtype=acc)], dim=-1), pad).view(B, H, N, C, K + 1)
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     # One chunk, no state in or out (training on sentences): the intra-chunk part is all, the state would cost more.
     intra_only = N == 1 and initial_state is None and not output_final_state

@@ -15,7 +15,6 @@ from torch import Tensor
 
 from ..denominator import DEFAULT_EPS, exact_dtypes, guarded_ratio
 
-FLA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BACKENDS = ("auto", "torch", "fla")  # --rfa-backend
 
 
@@ -46,7 +45,7 @@ def fla_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = No
                    convex: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
     """The contract of :func:`naive_causal_rfa` (the state in fp32) by fla's chunked kernel, for fp32, fp16 or bf16
     inputs. Padded steps must come with ``k = 0`` and ``log g = 0``, as the attention modules make them."""
-    if q.dtype not in FLA_DTYPES:
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"fla's kernels take fp32, fp16 or bf16 inputs, got {q.dtype}")
     if not (fla_installed() and (q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")):
         raise RuntimeError(f"fla's kernels need fla-core and Triton (pip install .[gpu]) and a CUDA device, got "

@@ -27,8 +27,7 @@ def load():
     global _op
     if _op is None:
         try:
-            from torch.utils.cpp_extension import load as build
-            from torch.utils.cpp_extension import _get_build_directory
+            from torch.utils.cpp_extension import _get_build_directory, load as build
             cpu = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else platform.processor()
             flags = next((line for line in cpu.splitlines() if line.startswith("flags")), cpu)
             source = Path(__file__).with_name("fused_step.cpp")  # a checkout elsewhere builds its own

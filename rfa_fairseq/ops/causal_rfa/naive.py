@@ -23,10 +23,8 @@ def naive_causal_rfa(q: Tensor, k: Tensor, v: Tensor, log_g: Optional[Tensor] = 
     (B, H, T, F), K = q.shape, v.shape[-1]
     acc = compute_dtype(q)
     qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
-    if initial_state is None:
-        S, z = qf.new_zeros(B, H, F, K), qf.new_zeros(B, H, F)
-    else:
-        S, z = initial_state[..., :K].to(acc), initial_state[..., K].to(acc)
+    S, z = ((qf.new_zeros(B, H, F, K), qf.new_zeros(B, H, F)) if initial_state is None
+            else (initial_state[..., :K].to(acc), initial_state[..., K].to(acc)))
     outs = []
     for t in range(T):
         kt, vt = kf[:, :, t], vf[:, :, t]

@@ -56,8 +56,7 @@ def feature_products(q: Tensor, k: Tensor, key_padding_mask: Optional[Tensor] = 
 
 
 def quadratic_is_cheaper(S: int, Fd: int, K: int, Tq: int) -> bool:
-    """Whether :func:`cross_rfa_quadratic` takes fewer multiply-adds than the summary for ``Tq`` queries per source
-    and head: ``Tq S (F + K + 1)`` against ``(S + Tq) F (K + 1)``."""
+    """Whether :func:`cross_rfa_quadratic` takes fewer multiply-adds than the summary (``Tq`` queries per source)."""
     return Tq * S * (Fd + K + 1) < (S + Tq) * Fd * (K + 1)
 
 
