@@ -16,16 +16,11 @@ import re
 
 import torch
 
-KEEP_FROM_NEWEST = ("feature_map.random_matrix",)
-
 
 def last_checkpoints(directory, count, by_update, upper_bound=None):
     pattern = re.compile(r"checkpoint_\d+_(\d+)\.pt$" if by_update else r"checkpoint(\d+)\.pt$")
-    found = []
-    for name in os.listdir(directory):
-        m = pattern.match(name)
-        if m and (upper_bound is None or int(m.group(1)) <= upper_bound):
-            found.append((int(m.group(1)), os.path.join(directory, name)))
+    found = [(int(m.group(1)), os.path.join(directory, name)) for name in os.listdir(directory)
+             if (m := pattern.match(name)) and (upper_bound is None or int(m.group(1)) <= upper_bound)]
     if len(found) < count:
         raise SystemExit(f"found {len(found)} matching checkpoints in {directory}, need {count}")
     return [path for _, path in sorted(found, reverse=True)[:count]]
@@ -51,8 +46,8 @@ def average_checkpoints(paths):
                 total[k] += model[k].double()
         if newest is None or _num_updates(state) >= _num_updates(newest):
             newest = state
-    newest["model"] = {k: t if k not in total or k.endswith(KEEP_FROM_NEWEST) else (total[k] / len(paths)).to(t.dtype)
-                       for k, t in newest["model"].items()}
+    newest["model"] = {k: t if k not in total or k.endswith("feature_map.random_matrix")
+                       else (total[k] / len(paths)).to(t.dtype) for k, t in newest["model"].items()}
     return newest
 
 
@@ -65,13 +60,12 @@ def main(argv=None):
     group.add_argument("--num-update-checkpoints", type=int, help="average the last N checkpoint_E_UPDATE.pt")
     parser.add_argument("--checkpoint-upper-bound", type=int, help="ignore checkpoints after this epoch/update")
     args = parser.parse_args(argv)
+    paths = args.inputs
     if args.num_epoch_checkpoints or args.num_update_checkpoints:
         if len(args.inputs) != 1 or not os.path.isdir(args.inputs[0]):
             parser.error("--num-*-checkpoints needs --inputs to be a single directory")
         paths = last_checkpoints(args.inputs[0], args.num_update_checkpoints or args.num_epoch_checkpoints,
                                  bool(args.num_update_checkpoints), args.checkpoint_upper_bound)
-    else:
-        paths = args.inputs
     print(f"averaging {len(paths)} checkpoints: {', '.join(paths)}")
     torch.save(average_checkpoints(paths), args.output)
     print(f"wrote {args.output}")

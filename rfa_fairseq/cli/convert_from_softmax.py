@@ -95,8 +95,7 @@ def stand_in_task(weights, language_model: bool):
     if language_model:
         return SimpleNamespace(source_dictionary=tgt, target_dictionary=tgt, dictionary=tgt)
     n_src = _vocab_size(weights, "encoder")
-    src = tgt if n_src == len(tgt) else _dictionary(n_src)
-    return SimpleNamespace(source_dictionary=src, target_dictionary=tgt)
+    return SimpleNamespace(source_dictionary=tgt if n_src == len(tgt) else _dictionary(n_src), target_dictionary=tgt)
 
 
 def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | None = None,
@@ -104,8 +103,7 @@ def convert(state: dict, rfa_flags: dict, seed: int = 1, cross_attention: str | 
     """Convert a loaded softmax checkpoint; returns ``(rfa checkpoint, rfa arch, RFA-only names)``.
     ``cross_attention``, ``decoder_attention``: a translation model's, as the flags of the same names
     (default None: the model's defaults, softmax cross attention kept as trained, an RFA decoder)."""
-    cfg, weights = state["cfg"], state["model"]
-    source_cfg = cfg.model
+    cfg, weights, source_cfg = state["cfg"], state["model"], state["cfg"].model
     target = rfa_arch_for(source_cfg, weights)
     language_model = target.startswith("rfa_transformer_lm")
     task = stand_in_task(weights, language_model)
@@ -191,9 +189,8 @@ def main(argv=None):
     print(f"wrote {args.output}: {len(checkpoint['model']) - len(rfa_only)} weights copied, "
           f"{len(rfa_only)} RFA tensors initialised")
     # fairseq-train --finetune-from-model loads strictly: the model flags must build this same model
-    defaults = RFAConfig()
     flags = [f"--arch {arch}"] + [flag(n) if v is True else f"{flag(n)} {v}" for n in RFA_FIELDS
-                                  if (v := getattr(args, n)) != getattr(defaults, n)]
+                                  if (v := getattr(args, n)) != getattr(RFAConfig(), n)]
     for name in ("cross_attention", "decoder_attention"):
         if getattr(args, name) not in (None, getattr(TranslationAttentionConfig(), name)):
             flags.append(f"{flag(name)} {getattr(args, name)}")

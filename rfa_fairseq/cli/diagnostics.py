@@ -15,8 +15,6 @@ from pathlib import Path
 
 import torch
 
-USER_DIR = str(Path(__file__).resolve().parents[1])  # the rfa_fairseq package: fairseq's --user-dir
-
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="rfa-diagnostics", description=__doc__,
@@ -35,7 +33,7 @@ def main(argv=None):
     from ..modules.heads import split_heads
     from ..ops import chunk_causal_rfa, cross_rfa_apply, cross_rfa_state
 
-    utils.import_user_module(argparse.Namespace(user_dir=USER_DIR))
+    utils.import_user_module(argparse.Namespace(user_dir=str(Path(__file__).resolve().parents[1])))  # rfa_fairseq
     if not Path(args.path).is_file():
         p.error(f"--path: no checkpoint at {args.path}")
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides={"data": args.data})
@@ -80,8 +78,7 @@ def main(argv=None):
         hooks.append(m.register_forward_hook(lambda *a, name=name: count_denominators(*a, name), with_kwargs=True))
         if name in gate_sum:
             def record_gate(mod, inp, out, name=name, heads=m.num_heads):  # the gate's logits: in_proj's last columns
-                g = torch.sigmoid(out[..., -heads:].float()) * real["mask"]
-                gate_sum[name] += g.sum().item()
+                gate_sum[name] += (torch.sigmoid(out[..., -heads:].float()) * real["mask"]).sum().item()
                 gate_count[name] += int(real["mask"].sum().item()) * heads
             hooks.append(m.in_proj.register_forward_hook(record_gate))
     batches = 0

@@ -17,8 +17,6 @@ from ..modules.random_feature_map import draw_seed, feature_map_id
 from ..ops import sample_random_matrix
 from ..validation import positive_int
 
-SUFFIX = ".feature_map.random_matrix"
-
 
 def redraw(state: dict, seed: int, causal_dim=None, cross_dim=None, scale: int = 1) -> int:
     """Redraw every random matrix of ``state`` (a loaded checkpoint) in place, with ``causal_dim``
@@ -30,7 +28,7 @@ def redraw(state: dict, seed: int, causal_dim=None, cross_dim=None, scale: int =
     if kind is None:
         raise ValueError("this checkpoint has no RFA model arguments (not an rfa_fairseq model?)")
     weights = state["model"]
-    names = sorted(n for n in weights if n.endswith(SUFFIX) and n.startswith("decoder."))
+    names = sorted(n for n in weights if n.endswith(".feature_map.random_matrix") and n.startswith("decoder."))
     if not names:
         raise ValueError("this checkpoint has no random matrices in its decoder (not an RFA model?)")
     if cross_dim is not None and not any(".encoder_attn." in n for n in names):

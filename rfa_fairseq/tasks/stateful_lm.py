@@ -50,8 +50,7 @@ def stream_layout(num_blocks: int, rows: int, num_shards: int = 1, shard_id: int
     if not 0 <= shard_id < num_shards:
         raise ValueError(f"shard {shard_id} out of {num_shards}")
     total_rows = rows * num_shards
-    length = -(-num_blocks // total_rows)
-    blocks = torch.arange(total_rows * length).view(total_rows, length)
+    blocks = torch.arange(total_rows * -(-num_blocks // total_rows)).view(total_rows, -1)  # [R, L]
     blocks[blocks >= num_blocks] = -1
     return blocks[shard_id * rows:(shard_id + 1) * rows]
 
