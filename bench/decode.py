@@ -234,7 +234,7 @@ def convert_for_ctranslate2(checkpoint, data, out_dir, source_lang=None, target_
 
 def decode_checkpoint(model, argv, args, do_profile):
     """One model's run (in a fresh process): translation as fairseq-generate does; LMs, ``--lengths`` tokens a prompt."""
-    from fairseq import checkpoint_utils, options, tasks, utils
+    from fairseq import checkpoint_utils, options, sequence_generator, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     (path, ct2, forms), lm = model, args.task == "language_modeling"
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv + ["--path", path]))
@@ -269,7 +269,7 @@ def decode_checkpoint(model, argv, args, do_profile):
         to_decoding_form_(net, int8="int8" in forms, cuda_graphs=False, onnx_runtime="onnx" in forms)
         fused._op = False if "unfused" in forms else fused._op  # unfused: torch's operators for the causal state
         limit = utils.resolve_max_positions(task.max_positions(), net.max_positions())
-        generator, generators = task.build_generator([net], g), {}
+        generator, generators = task.build_generator([net], g, sequence_generator.SequenceGenerator if "fairseq" in forms else None), {}
         for n in args.lengths if lm else ():
             g.min_len, g.max_len_a, g.max_len_b = args.prompt_tokens + n, 0, args.prompt_tokens + n
             generators[n] = task.build_generator([net], g)
@@ -371,8 +371,8 @@ def checkpoint(args):
 
 def model_spec(text):
     name, _, where = text.partition("=")
-    forms = ()  # int8: --int8-inference; onnx: --onnx-runtime; unfused: no fused op
-    while not where.startswith("ct2:") and where.partition(":")[0] in ("int8", "onnx", "unfused"):
+    forms = ()  # int8: --int8-inference; onnx: --onnx-runtime; unfused: no fused op; fairseq: fairseq's SequenceGenerator
+    while not where.startswith("ct2:") and where.partition(":")[0] in ("int8", "onnx", "unfused", "fairseq"):
         form, _, where = where.partition(":")
         forms += (form,)
     path, ct2 = where[4:].rpartition(":")[::2] if where.startswith("ct2:") else (where, None)

@@ -93,13 +93,14 @@ def checkpoints(tmp_path_factory):
 def test_checkpoint_mode_decodes_the_split_in_fresh_processes(checkpoints, tmp_path):
     data, paths = checkpoints
     out = tmp_path / "real.json"
-    rows = decode.main(["checkpoint", str(data), "--source-lang", "de", "--target-lang", "en", "--threads", "1",
-                        "--model", f"softmax={paths['softmax']}", "--model", f"rfa_gate={paths['rfa_gate']}",
-                        "--repeats", "2", "--profile", "--out", str(out), "--", "--beam", "2", "--batch-size", "4",
+    rows = decode.main(["checkpoint", str(data), "--task", "rfa_translation", "--source-lang", "de", "--target-lang", "en",
+                        "--threads", "1", "--model", f"softmax={paths['softmax']}", "--model", f"rfa_gate={paths['rfa_gate']}",
+                        "--model", f"rfa_gate_fairseq=fairseq:{paths['rfa_gate']}", "--repeats", "2", "--profile", "--out", str(out), "--", "--beam", "2", "--batch-size", "4",
                         "--max-len-a", "1.2", "--max-len-b", "5", "--required-batch-size-multiple", "1", "--cpu"])
     meta = json.loads(out.read_text())["meta"]
     assert meta["bench"] == "decode-checkpoint" and "--beam" in meta["generate_flags"]
-    assert [r["model"] for r in rows] == ["softmax", "rfa_gate"]
+    assert [r["model"] for r in rows] == ["softmax", "rfa_gate", "rfa_gate_fairseq"]
+    assert rows[2]["engine"] == "fairseq fairseq" and (rows[1]["bleu"], rows[1]["tokens"]) == (rows[2]["bleu"], rows[2]["tokens"])
     for r in rows:
         assert r["sentences"] == 9 and r["tokens"] > 0 and r["runs"] == 2 and r["peak_bytes"] > 0
         assert r["tokens_per_s"] == pytest.approx(rows[0]["tokens_per_s"] * r["ratio"])
@@ -260,3 +261,4 @@ def test_documents_mode_reads_documents_whose_source_grows_with_the_output():
 def test_a_checkpoint_specs_forms_are_read_in_any_order():
     assert decode.model_spec(f"a=int8:onnx:{__file__}") == ("a", __file__, None, ("int8", "onnx"))
     assert decode.model_spec(f"a=onnx:{__file__}")[3] == ("onnx",) and decode.model_spec(f"a={__file__}")[3] == ()
+    assert decode.model_spec(f"a=fairseq:onnx:{__file__}")[3] == ("fairseq", "onnx")
