@@ -1,5 +1,3 @@
-"""Tasks (importing this registers them with fairseq)."""
-from .stateful_lm import StatefulLanguageModelingTask
-from .translation import LeanBeamSearch, RFATranslationTask
-
-__all__ = ["LeanBeamSearch", "RFATranslationTask", "StatefulLanguageModelingTask"]
+"""Tasks (importing this registers them with fairseq): the stateful language model, and translation with a lean beam search."""
+from .stateful_lm import StatefulLanguageModelingTask  # noqa: F401
+from .translation import LeanBeamSearch, RFATranslationTask  # noqa: F401
