@@ -13,8 +13,9 @@ class LeanBeamSearch(SequenceGenerator):
     """fairseq's SequenceGenerator, whose beam search it runs with these differences, none in the hypotheses: a step
     where no candidate ends (most steps) skips the bookkeeping of ending ones (fairseq's own code otherwise); ``NaN``,
     pad and ``--unkpen`` are one addition; the encoder's output is reordered only when sentences leave the batch (a
-    sentence's beams share it). Hypotheses carry no attention. Anything else (sampling, other searches, prefixes,
-    constraints, ``--match-source-len``, ``--no-repeat-ngram-size``): fairseq's generator."""
+    sentence's beams share it). Anything else (sampling, other searches, prefixes,
+    constraints, ``--match-source-len``, ``--no-repeat-ngram-size``): fairseq's generator. The hypotheses' attention is
+    empty (fairseq's command lines read it only for ``--print-alignment``)."""
 
     def _generate(self, sample, prefix_tokens=None, constraints=None, bos_token=None):
         if (type(self.search) is not search.BeamSearch or self.match_source_len or self.repeat_ngram_blocker is not None
@@ -98,9 +99,11 @@ class LeanBeamSearch(SequenceGenerator):
 
 @register_task("rfa_translation", dataclass=TranslationConfig)
 class RFATranslationTask(TranslationTask):
-    """fairseq's ``translation`` task whose beam search is :class:`LeanBeamSearch` (``--print-alignment``: fairseq's)."""
+    """fairseq's ``translation`` task whose beam search is :class:`LeanBeamSearch`; fairseq's where the hypotheses'
+    attention is asked for (``--print-alignment``, a decoder's ``--decoding-attention``)."""
 
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, prefix_allowed_tokens_fn=None):
-        if seq_gen_cls is None and not getattr(args, "print_alignment", False):
+        if seq_gen_cls is None and not getattr(args, "print_alignment", False) and not any(
+                getattr(getattr(m, "decoder", None), "decoding_attention", False) for m in models):
             seq_gen_cls = LeanBeamSearch
         return super().build_generator(models, args, seq_gen_cls, extra_gen_cls_kwargs, prefix_allowed_tokens_fn)

@@ -87,10 +87,12 @@ def test_what_it_does_not_cover_is_fairseqs(documents_model, monkeypatch):
     assert len(called) == 2
 
 
-def test_the_task_builds_it_for_beam_search_and_fairseqs_for_alignment(documents_model):
+def test_the_task_builds_it_for_beam_search_and_fairseqs_where_attention_is_asked_for(documents_model):
     task, model, _ = documents_model("--rfa-gate")
     ours = RFATranslationTask(task.cfg, task.source_dictionary, task.target_dictionary)
     args = argparse.Namespace(beam=4, print_alignment=False)
     assert type(ours.build_generator([model], args)) is LeanBeamSearch
-    args.print_alignment = "hard"
+    model.decoder.decoding_attention = True
+    assert type(ours.build_generator([model], args)) is SequenceGenerator
+    model.decoder.decoding_attention, args.print_alignment = False, "hard"
     assert type(ours.build_generator([model], args)) is not LeanBeamSearch
