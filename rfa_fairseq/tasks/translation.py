@@ -53,13 +53,16 @@ class LeanBeamSearch(SequenceGenerator):
             elif step < self.min_len:
                 lprobs[:, eos] = -math.inf
             lprobs = lprobs.view(bsz, beam, vocab)  # fairseq's BeamSearch.step
-            lprobs = lprobs[:, :1].contiguous() if step == 0 else lprobs + scores.view(bsz, beam, -1)[:, :, step - 1, None]
+            if step == 0:
+                lprobs = lprobs[:, :1].contiguous()
+            else:
+                lprobs = lprobs + scores.view(bsz, beam, -1)[:, :, step - 1, None]
             cand_scores, cand = torch.topk(lprobs.view(bsz, -1), k=min(2 * beam, lprobs[0].numel() - 1))
             cand_beams, cand_tokens = torch.div(cand, vocab, rounding_mode="trunc"), cand.fmod(vocab)
             ends, kept = cand_tokens.eq(eos), None
-            if not ignoring and not ends.any():  # no candidate ends: the first beam go on
-                rows, chosen = (cand_beams + offsets)[:, :beam], None
-            else:  # fairseq's step: the ending candidates among the first beam are finished, the first beam others go on
+            if not ignoring and not ends.any():  # no candidate ends: the first `beam` go on
+                rows, new_tokens, new_scores = (t[:, :beam] for t in (cand_beams + offsets, cand_tokens, cand_scores))
+            else:  # fairseq's step: ending candidates among the first beam finish, the first beam others go on
                 ends &= cand_scores.ne(-math.inf)
                 ends[:, :beam][ignore] = False
                 if ends[:, :beam].any():
@@ -83,14 +86,14 @@ class LeanBeamSearch(SequenceGenerator):
                 ignored, chosen = torch.topk(order, k=beam, dim=1, largest=False)
                 ignore = ignored.ge(2 * beam)[:, :beam]
                 ignoring = bool(ignore.any())
-                rows = (cand_beams + offsets).gather(1, chosen)
-            pick = (lambda t: t[:, :beam]) if chosen is None else (lambda t: t.gather(1, chosen))  # noqa: E731
+                rows, new_tokens, new_scores = (t.gather(1, chosen)
+                                                for t in (cand_beams + offsets, cand_tokens, cand_scores))
             reorder = rows.reshape(-1)
             tokens[:, :step + 1] = tokens[:, :step + 1].index_select(0, reorder)
-            tokens.view(bsz, beam, -1)[:, :, step + 1] = pick(cand_tokens)
+            tokens.view(bsz, beam, -1)[:, :, step + 1] = new_tokens
             if step > 0:
                 scores[:, :step] = scores[:, :step].index_select(0, reorder)
-            scores.view(bsz, beam, -1)[:, :, step] = pick(cand_scores)
+            scores.view(bsz, beam, -1)[:, :, step] = new_scores
         for i, hypos in enumerate(finalized):  # best first, as fairseq sorts them
             order = torch.sort(torch.tensor([float(h["score"].item()) for h in hypos]), descending=True)[1]
             finalized[i] = [hypos[j] for j in order]
