@@ -20,6 +20,10 @@ from .wrapping import wrap_layer
 RFA_CHECKPOINT_VERSION = 1
 # The log probability of </s> where sentence-aligned decoding forbids it: exp(-80) ~ 2e-35, still above float32's zero
 FORBIDDEN_EOS = -80.0
+# Sentence-aligned decoding ends a sentence (forces <sep>, or </s> after the last) once it is a x its source sentence's
+# tokens (with its <sep> or </s>) + b long, (a, b) below: this stops a loop inside a sentence. No sentence of the
+# documents' training set is as long.
+SENTENCE_LENGTH = (2.0, 10.0)
 
 
 class SoftmaxTransformerDecoderLayer(TransformerDecoderLayerBase):
@@ -92,42 +96,53 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
             self._stateful = [m for m in self.modules() if hasattr(m, "reorder_incremental_state")]
         for module in self._stateful:
             incremental_state = module.reorder_incremental_state(incremental_state, new_order) or incremental_state
-        last = self.get_incremental_state(incremental_state, "source_sentences")
-        if last is not None and last["last"].size(0) != new_order.numel():  # sentences left (beams share a source)
-            self.set_incremental_state(incremental_state, "source_sentences", {"last": last["last"][new_order]})
+        source = self.get_incremental_state(incremental_state, "sentences")
+        if source is not None and source["last"].size(0) != new_order.numel():  # sentences left (beams share one)
+            self.set_incremental_state(incremental_state, "sentences", {k: v[new_order] for k, v in source.items()})
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False, **kwargs):
         out = super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)
         return self.align_sentences(out, prev_output_tokens, encoder_out, incremental_state)
 
-    def align_sentences(self, out, prev_output_tokens, encoder_out, incremental_state, written: Optional[Tensor] = None):
+    def align_sentences(self, out, prev_output_tokens, encoder_out, incremental_state):
         """Sentence-aligned decoding (``sentence_alignment``): in a decoding step, each row's separators written so
-        far (``written [B]``, else counted from ``prev_output_tokens``) against its source's (counted once, kept in
-        ``incremental_state``); where fewer, ``</s>`` is forbidden, else ``<sep>``. ``out`` gets them as ``forbid_eos``
-        and ``forbid_sep`` ``[B]``, which :meth:`get_normalized_probs` applies after normalizing."""
+        far against its source's (counted once, with the source sentences' lengths, kept in ``incremental_state``);
+        where fewer, ``</s>`` is forbidden, else ``<sep>``; a sentence that reaches SENTENCE_LENGTH must end. ``out``
+        gets them as ``forbid_eos``, ``forbid_sep`` and ``end`` ``[B]``, which :meth:`get_normalized_probs` applies."""
         if not self.sentence_alignment or incremental_state is None or encoder_out is None:
             return out
-        last = self.get_incremental_state(incremental_state, "source_sentences")
-        if last is None:
-            last = {"last": encoder_out["src_tokens"][0].eq(self.source_separator).sum(1)}
-            self.set_incremental_state(incremental_state, "source_sentences", last)
-        if written is None:
-            written = prev_output_tokens.eq(self.sentence_separator).sum(1)
-        forbid_eos = written < last["last"]
-        out[1].update(forbid_eos=forbid_eos, forbid_sep=~forbid_eos)
+        source = self.get_incremental_state(incremental_state, "sentences")
+        if source is None:
+            src = encoder_out["src_tokens"][0]
+            number = sentence_numbers(src, self.source_separator, written=False)
+            length = torch.zeros(number.size(0), int(number.max()) + 1, device=src.device).scatter_add_(
+                1, number, src.ne(self.padding_idx).float())
+            source = {"last": number[:, -1], "limit": length * SENTENCE_LENGTH[0] + SENTENCE_LENGTH[1]}
+            self.set_incremental_state(incremental_state, "sentences", source)
+        written = prev_output_tokens.eq(self.sentence_separator).sum(1)
+        position = torch.arange(prev_output_tokens.size(1), device=written.device)
+        start = torch.where(prev_output_tokens.eq(self.sentence_separator), position, 0).amax(1)  # the last <sep>
+        limit = source["limit"].gather(1, torch.minimum(written, source["last"])[:, None])[:, 0]
+        forbid_eos = written < source["last"]
+        out[1].update(forbid_eos=forbid_eos, forbid_sep=~forbid_eos, end=position.size(0) - 1 - start >= limit)
         return out
 
     def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
         """fairseq's, then the tokens a decoding step forbids (:meth:`align_sentences`): ``<sep>`` at -inf, ``</s>``
         at FORBIDDEN_EOS (below any candidate a search keeps, yet a choice at fairseq's length limit, where every
-        other token is at -inf: a hypothesis still ends there, and sampling still has a token to draw)."""
+        other token is at -inf: a hypothesis still ends there, and sampling still has a token to draw); where a
+        sentence must ``end``, every token but the one that ends it (which keeps its score) at -inf."""
         probs = super().get_normalized_probs(net_output, log_probs, sample)
         extra = net_output[1] if len(net_output) > 1 else None
         if isinstance(extra, dict) and "forbid_eos" in extra:
-            last = probs[:, -1]
+            last, zero = probs[:, -1], float("-inf") if log_probs else 0.0
             last[:, self.dictionary.eos()].masked_fill_(
                 extra["forbid_eos"], FORBIDDEN_EOS if log_probs else math.exp(FORBIDDEN_EOS))
-            last[:, self.sentence_separator].masked_fill_(extra["forbid_sep"], float("-inf") if log_probs else 0.0)
+            last[:, self.sentence_separator].masked_fill_(extra["forbid_sep"], zero)
+            if extra["end"].any():
+                end = torch.where(extra["forbid_eos"], self.sentence_separator, self.dictionary.eos())[:, None]
+                keep = last.gather(1, end)
+                last.masked_fill_(extra["end"][:, None], zero).scatter_(1, end, keep)
         return probs
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,
@@ -190,7 +205,7 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                     out = self.forward_step(tokens, torch.full((1,), position, device=tokens.device), encoder_out,
                                             incremental_state, sentence)
                 return self.align_sentences((out, {"attn": [None], "inner_states": None}), prev_output_tokens,
-                                            encoder_out, incremental_state, sentence)
+                                            encoder_out, incremental_state)
             return super().forward(prev_output_tokens, encoder_out, incremental_state, features_only, **kwargs)
         if incremental_state is not None or encoder_out is not None or kwargs.get("return_all_hiddens"):
             raise ValueError("stream_state continues text streams in a language model: it takes neither an "

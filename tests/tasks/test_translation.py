@@ -9,6 +9,7 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from rfa_fairseq.inference import to_decoding_form_
+from rfa_fairseq.models import rfa_decoder
 from rfa_fairseq.tasks import LeanBeamSearch, RFATranslationTask
 
 from rfa_test_utils import random_tokens
@@ -59,6 +60,18 @@ def test_same_hypotheses_as_fairseqs_beam_search(documents_model, extra, ending,
     _same(got, want)
     lengths = {len(h["tokens"]) for nbest in want for h in nbest}
     assert len(lengths) > 2, "hypotheses of few lengths do not exercise the batch shrinking"
+
+
+def test_same_hypotheses_where_sentences_reach_their_length_limit(documents_model, monkeypatch):
+    task, model, sep = documents_model("--rfa-gate", "--sentence-index")
+    sample = _sample(task, sep)
+    with torch.no_grad():
+        free = LeanBeamSearch([model], task.target_dictionary, beam_size=4, max_len_b=30).forward(sample)
+        monkeypatch.setattr(rfa_decoder, "SENTENCE_LENGTH", (0.5, 1.0))  # forces most sentences' ends
+        want = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30).forward(sample)
+        got = LeanBeamSearch([model], task.target_dictionary, beam_size=4, max_len_b=30).forward(sample)
+    _same(got, want)
+    assert [h["tokens"].tolist() for n in got for h in n] != [h["tokens"].tolist() for n in free for h in n]
 
 
 def test_same_hypotheses_with_the_onnx_step(documents_model, tmp_path, monkeypatch):
