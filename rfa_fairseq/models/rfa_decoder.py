@@ -119,9 +119,9 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
                 1, number, src.ne(self.padding_idx).float())
             source = {"last": number[:, -1], "limit": length * SENTENCE_LENGTH[0] + SENTENCE_LENGTH[1]}
             self.set_incremental_state(incremental_state, "sentences", source)
-        written = prev_output_tokens.eq(self.sentence_separator).sum(1)
-        position = torch.arange(prev_output_tokens.size(1), device=written.device)
-        start = torch.where(prev_output_tokens.eq(self.sentence_separator), position, 0).amax(1)  # the last <sep>
+        is_sep = prev_output_tokens.eq(self.sentence_separator)
+        written, position = is_sep.sum(1), torch.arange(is_sep.size(1), device=is_sep.device)
+        start = torch.where(is_sep, position, 0).amax(1)  # the last <sep>
         limit = source["limit"].gather(1, torch.minimum(written, source["last"])[:, None])[:, 0]
         forbid_eos = written < source["last"]
         out[1].update(forbid_eos=forbid_eos, forbid_sep=~forbid_eos, end=position.size(0) - 1 - start >= limit)
