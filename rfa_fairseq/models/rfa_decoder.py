@@ -20,10 +20,9 @@ from .wrapping import wrap_layer
 RFA_CHECKPOINT_VERSION = 1
 # The log probability of </s> where sentence-aligned decoding forbids it: exp(-80) ~ 2e-35, still above float32's zero
 FORBIDDEN_EOS = -80.0
-# Sentence-aligned decoding ends a sentence (forces <sep>, or </s> after the last) once it is a x its source sentence's
-# tokens (with its <sep> or </s>) + b long, (a, b) below: this stops a loop inside a sentence. No sentence of the
-# documents' training set is as long.
-SENTENCE_LENGTH = (2.0, 10.0)
+# Sentence-aligned decoding ends a sentence (<sep>, or </s> after the last) at (a, b): a x its source sentence's tokens
+# (with its <sep> or </s>) + b, which no training sentence reaches (a loop's stop); none before SENTENCE_MIN x them.
+SENTENCE_LENGTH, SENTENCE_MIN = (2.0, 10.0), 0.5
 
 
 class SoftmaxTransformerDecoderLayer(TransformerDecoderLayerBase):
@@ -105,10 +104,10 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         return self.align_sentences(out, prev_output_tokens, encoder_out, incremental_state)
 
     def align_sentences(self, out, prev_output_tokens, encoder_out, incremental_state):
-        """Sentence-aligned decoding (``sentence_alignment``): in a decoding step, each row's separators written so
-        far against its source's (counted once, with the source sentences' lengths, kept in ``incremental_state``);
-        where fewer, ``</s>`` is forbidden, else ``<sep>``; a sentence that reaches SENTENCE_LENGTH must end. ``out``
-        gets them as ``forbid_eos``, ``forbid_sep`` and ``end`` ``[B]``, which :meth:`get_normalized_probs` applies."""
+        """Sentence-aligned decoding (``sentence_alignment``): a step's separators per row against its source's
+        (counted once, with the source sentences' lengths, in ``incremental_state``); where fewer, ``</s>`` is
+        forbidden, else ``<sep>``, both in a sentence short of SENTENCE_MIN; one at SENTENCE_LENGTH must end: ``out``
+        gets ``forbid_eos``, ``forbid_sep`` and ``end`` ``[B]`` for :meth:`get_normalized_probs`."""
         if not self.sentence_alignment or incremental_state is None or encoder_out is None:
             return out
         source = self.get_incremental_state(incremental_state, "sentences")
@@ -117,32 +116,33 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
             number = sentence_numbers(src, self.source_separator, written=False)
             length = torch.zeros(number.size(0), int(number.max()) + 1, device=src.device).scatter_add_(
                 1, number, src.ne(self.padding_idx).float())
-            source = {"last": number[:, -1], "limit": length * SENTENCE_LENGTH[0] + SENTENCE_LENGTH[1]}
+            source = {"last": number[:, -1], "length": length}
             self.set_incremental_state(incremental_state, "sentences", source)
         is_sep = prev_output_tokens.eq(self.sentence_separator)
         written, position = is_sep.sum(1), torch.arange(is_sep.size(1), device=is_sep.device)
         start = torch.where(is_sep, position, 0).amax(1)  # the last <sep>
-        limit = source["limit"].gather(1, torch.minimum(written, source["last"])[:, None])[:, 0]
-        forbid_eos = written < source["last"]
-        out[1].update(forbid_eos=forbid_eos, forbid_sep=~forbid_eos, end=position.size(0) - 1 - start >= limit)
+        n = source["length"].gather(1, torch.minimum(written, source["last"])[:, None])[:, 0]
+        current, more = position.size(0) - 1 - start, written < source["last"]  # the sentence's tokens so far
+        short, end = current < n * SENTENCE_MIN, current >= n * SENTENCE_LENGTH[0] + SENTENCE_LENGTH[1]
+        out[1].update(forbid_eos=more | short, forbid_sep=~more | short, end=end)
         return out
 
     def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
         """fairseq's, then the tokens a decoding step forbids (:meth:`align_sentences`): ``<sep>`` at -inf, ``</s>``
         at FORBIDDEN_EOS (below any candidate a search keeps, yet a choice at fairseq's length limit, where every
         other token is at -inf: a hypothesis still ends there, and sampling still has a token to draw); where a
-        sentence must ``end``, every token but the one that ends it (which keeps its score) at -inf."""
+        sentence must ``end``, every other token but a forbidden ``</s>`` at -inf (the ending keeps its score)."""
         probs = super().get_normalized_probs(net_output, log_probs, sample)
         extra = net_output[1] if len(net_output) > 1 else None
         if isinstance(extra, dict) and "forbid_eos" in extra:
             last, zero = probs[:, -1], float("-inf") if log_probs else 0.0
-            last[:, self.dictionary.eos()].masked_fill_(
-                extra["forbid_eos"], FORBIDDEN_EOS if log_probs else math.exp(FORBIDDEN_EOS))
-            last[:, self.sentence_separator].masked_fill_(extra["forbid_sep"], zero)
             if extra["end"].any():
                 end = torch.where(extra["forbid_eos"], self.sentence_separator, self.dictionary.eos())[:, None]
                 keep = last.gather(1, end)
                 last.masked_fill_(extra["end"][:, None], zero).scatter_(1, end, keep)
+            last[:, self.dictionary.eos()].masked_fill_(
+                extra["forbid_eos"], FORBIDDEN_EOS if log_probs else math.exp(FORBIDDEN_EOS))
+            last[:, self.sentence_separator].masked_fill_(extra["forbid_sep"], zero)
         return probs
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out=None, incremental_state=None,

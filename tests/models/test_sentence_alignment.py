@@ -1,8 +1,8 @@
 """Sentence-aligned decoding (models with ``--sentence-index``): a step forbids ``</s>`` while a row has written fewer
-separators than its source has, and ``<sep>`` once it has written as many, and ends a sentence as long as the limit
-(SENTENCE_LENGTH) of its source sentence's length, as a naive count over the tokens says; so beam search and sampling
-write one sentence per source sentence, however eager the model is to end, to split or to go on; the other tokens keep
-their scores; ``--no-sentence-alignment`` turns it off."""
+separators than its source has, and ``<sep>`` once it has written as many, both while a sentence is shorter than
+SENTENCE_MIN of its source sentence's length, and ends a sentence as long as the limit (SENTENCE_LENGTH) of it, as a
+naive count over the tokens says; so beam search and sampling write one sentence per source sentence, however eager the
+model is to end, to split or to go on; the other tokens keep their scores; ``--no-sentence-alignment`` turns it off."""
 import math
 
 import pytest
@@ -36,7 +36,7 @@ def _documents(task, sep, sentences, length=24, seed=0):
 def naive_forbidden(src, prefix, sep, eos, pad):
     """Per row, the tokens a step after ``prefix`` forbids, and the one it forces (None if none): one row at a time."""
     a, b = rfa_decoder.SENTENCE_LENGTH
-    out = []
+    out, least = [], rfa_decoder.SENTENCE_MIN
     for s, p in zip(src.tolist(), prefix.tolist()):
         have, written = s.count(sep), p.count(sep)
         lengths, n = [], 0  # the source sentences' tokens, with the <sep> or </s> that ends each
@@ -45,17 +45,18 @@ def naive_forbidden(src, prefix, sep, eos, pad):
             if t in (sep, eos):
                 lengths, n = lengths + [n], 0
         since = len(p) - 1 - max([0] + [i for i, t in enumerate(p) if t == sep])  # tokens since the last <sep>
-        ending = eos if written >= have else sep
-        out.append(({eos} if written < have else {sep}, ending if since >= a * lengths[min(written, have)] + b else None))
+        ending, m = eos if written >= have else sep, lengths[min(written, have)]
+        forbidden = {eos, sep} if since < least * m else {eos} if written < have else {sep}
+        out.append((forbidden, ending if since >= a * m + b else None))
     return out
 
 
 @pytest.mark.parametrize("extra", DECODERS)
-@pytest.mark.parametrize("limit", [None, (0.5, 1.0)], ids=["limit", "tight-limit"])
+@pytest.mark.parametrize("limit", [None, (0.5, 1.0), 0.0], ids=["default", "tight-limit", "no-least"])
 def test_a_step_forbids_what_the_naive_count_says_and_keeps_the_other_scores(documents_model, extra, limit,
                                                                              monkeypatch):
     if limit is not None:
-        monkeypatch.setattr(rfa_decoder, "SENTENCE_LENGTH", limit)
+        monkeypatch.setattr(rfa_decoder, *("SENTENCE_MIN", limit) if limit == 0.0 else ("SENTENCE_LENGTH", limit))
     task, model, sep = documents_model("--sentence-index", *extra)
     eos, beam = task.target_dictionary.eos(), 2
     src, lengths = _documents(task, sep, [3, 1, 4])
@@ -67,23 +68,27 @@ def test_a_step_forbids_what_the_naive_count_says_and_keeps_the_other_scores(doc
     with torch.no_grad():
         full = model.get_normalized_probs(model(src[rows], lengths[rows], prefix), log_probs=True)
         enc = model.encoder.reorder_encoder_out(model.encoder(src, src_lengths=lengths), rows)
-        state, forced = {}, 0
+        state, forced, both = {}, 0, 0
         for t in range(prefix.size(1)):
             step = model.get_normalized_probs(model.decoder(prefix[:, :t + 1], encoder_out=enc, incremental_state=state),
                                               log_probs=True)[:, -1]
             naive = naive_forbidden(src[rows], prefix[:, :t + 1], sep, eos, task.source_dictionary.pad())
             for row, (forbidden, force) in enumerate(naive):
-                if force is not None:  # one token left, with its score
+                if force is not None:  # one token left, with its score (and </s> as forbidden, for the length limit)
                     forced += 1
-                    assert step[row].isinf().sum() == step.size(1) - 1, f"step {t}, row {row}"
+                    left = {force, eos} if force == sep else {force}
+                    assert set(step[row].isfinite().nonzero()[:, 0].tolist()) == left, f"step {t}, row {row}"
+                    assert force == eos or step[row, eos] == FORBIDDEN_EOS
                     torch.testing.assert_close(step[row, force], full[row, t, force], rtol=1e-5, atol=1e-5)
                     continue
                 got = {v for v in (eos, sep) if step[row, v] == (FORBIDDEN_EOS if v == eos else float("-inf"))}
                 assert got == forbidden, f"step {t}, row {row}"
+                both += len(forbidden) == 2
                 keep = torch.ones_like(step[row], dtype=torch.bool)
                 keep[list(forbidden)] = False
                 torch.testing.assert_close(step[row][keep], full[row, t][keep], rtol=1e-5, atol=1e-5)
-    assert (forced > 0) == (limit is not None)  # the tight limit ends sentences, the default none of these
+    assert (forced > 0) == isinstance(limit, tuple)  # the tight limit ends sentences, the default none of these
+    assert (both > 0) == (rfa_decoder.SENTENCE_MIN > 0)  # a sentence too short to end: </s> and <sep> forbidden
 
 
 @pytest.mark.parametrize("extra", DECODERS)
@@ -103,7 +108,7 @@ def test_beam_search_writes_one_sentence_per_source_sentence(documents_model, ex
         to_decoding_form_(model, onnx_runtime=True)
     sentences = [4, 1, 2, 6]
     src, lengths = _documents(task, sep, sentences)
-    gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=60)
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=200)
     with torch.no_grad():
         hypos = gen.forward({"id": torch.arange(4), "net_input": {"src_tokens": src, "src_lengths": lengths}})
     for n, nbest in zip(sentences, hypos):
@@ -113,26 +118,28 @@ def test_beam_search_writes_one_sentence_per_source_sentence(documents_model, ex
 
 
 @pytest.mark.parametrize("extra", DECODERS)
-def test_a_model_that_never_ends_a_sentence_writes_each_within_the_limit(documents_model, extra):
+@pytest.mark.parametrize("push", [-30.0, 30.0], ids=["never-ends", "always-ends"])
+def test_a_model_that_never_or_always_ends_a_sentence_writes_each_between_the_bounds(documents_model, extra, push):
     task, model, sep = documents_model("--sentence-index", *extra)
     eos = task.target_dictionary.eos()
 
-    def never_end(module, args, logits):  # <sep> and </s> far below every other token: a loop inside a sentence
-        return logits.index_add(-1, torch.tensor([sep, eos]), torch.full((*logits.shape[:-1], 2), -30.0))
-    model.decoder.output_projection.register_forward_hook(never_end)
+    def push_ends(module, args, logits):  # <sep> and </s> far below (a loop inside a sentence) or above every token
+        return logits.index_add(-1, torch.tensor([sep, eos]), torch.full((*logits.shape[:-1], 2), push))
+    model.decoder.output_projection.register_forward_hook(push_ends)
     sentences = [4, 1, 3]
     src, lengths = _documents(task, sep, sentences)
     gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=200)
     with torch.no_grad():
         hypos = gen.forward({"id": torch.arange(3), "net_input": {"src_tokens": src, "src_lengths": lengths}})
     a, b = rfa_decoder.SENTENCE_LENGTH
+    bound = (lambda m: math.ceil(a * m + b)) if push < 0 else (lambda m: math.ceil(rfa_decoder.SENTENCE_MIN * m))
     for s, n, nbest in zip(src.tolist(), sentences, hypos):
         pad = task.source_dictionary.pad()
         source = [len(x) + 1 for x in _split([t for t in s if t not in (pad, eos)], sep)]  # with the token ending it
         for h in nbest:
             written = [len(x) for x in _split(h["tokens"].tolist()[:-1], sep)]
             assert len(written) == n and h["tokens"][-1] == eos and len(h["tokens"]) < 200
-            assert written == [math.ceil(a * m + b) for m in source]  # each ended at its limit, and not before
+            assert written == [bound(m) for m in source]  # each ended at its bound, and not past it
 
 
 def _split(tokens, sep):

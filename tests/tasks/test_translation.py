@@ -43,7 +43,7 @@ def _same(got, want):
 
 @pytest.mark.parametrize("extra, ending", DECODERS)
 @pytest.mark.parametrize("settings", [dict(beam_size=4, max_len_b=30), dict(beam_size=1, max_len_b=30),
-                                      dict(beam_size=5, max_len_b=12, min_len=3, len_penalty=0.6, unk_penalty=0.5),
+                                      dict(beam_size=5, max_len_b=20, min_len=3, len_penalty=0.6, unk_penalty=0.5),
                                       dict(beam_size=3, max_len_a=1.5, max_len_b=2, normalize_scores=False)],
                          ids=["beam4", "greedy", "limits-penalties", "max-len-a"])
 def test_same_hypotheses_as_fairseqs_beam_search(documents_model, extra, ending, settings):
