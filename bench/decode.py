@@ -267,7 +267,7 @@ def decode_checkpoint(model, argv, args, do_profile):
         net = models[0].cuda() if cuda else models[0]
         net.prepare_for_inference_(cfg)
         to_decoding_form_(net, int8="int8" in forms, cuda_graphs=False, onnx_runtime="onnx" in forms)
-        fused._op = False if "unfused" in forms else fused._op  # unfused: torch's operators for the causal state
+        fused.load = (lambda: None) if "unfused" in forms else fused.load  # unfused: torch's operators for the state
         limit = utils.resolve_max_positions(task.max_positions(), net.max_positions())
         generator, generators = task.build_generator([net], g, sequence_generator.SequenceGenerator if "fairseq" in forms else None), {}
         for n in args.lengths if lm else ():

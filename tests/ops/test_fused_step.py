@@ -3,6 +3,7 @@ beam's gather: outputs and states, over gates, pads, beam reorders and a batch t
 import pytest
 import torch
 
+from rfa_fairseq import extensions
 from rfa_fairseq.ops import recurrent_causal_rfa_step
 from rfa_fairseq.ops.causal_rfa import fused
 from rfa_fairseq.ops.causal_rfa.fused import fused_causal_rfa_step
@@ -54,7 +55,7 @@ def test_without_a_compiler_one_warning_then_torchs_operators(monkeypatch):
 
     def fail(*args, **kwargs):
         raise OSError("no compiler")
-    monkeypatch.setattr(fused, "_op", None)
+    monkeypatch.setattr(extensions, "_built", {})
     monkeypatch.setattr(torch.utils.cpp_extension, "load", fail)
     with pytest.warns(UserWarning, match="could not be compiled.*no compiler"):
         assert fused.load() is None
@@ -74,5 +75,5 @@ def test_a_lock_left_by_a_killed_build_is_removed_and_a_fresh_one_kept(monkeypat
     for age, kept in ((3600, False), (5, True)):
         lock.touch()
         os.utime(lock, (time.time() - age,) * 2)
-        monkeypatch.setattr(fused, "_op", None)
+        monkeypatch.setattr(extensions, "_built", {})
         assert fused.load() == "op" and lock.exists() == kept

@@ -1,0 +1,174 @@
+"""Decoding steps as the project's own compiled layers (``--compiled-step``; CPU, float32 or int8 weights).
+
+At a few rows a decoding step is bound by its operators' dispatch and by the bytes of the weights it reads, not by
+attention's arithmetic. :class:`CompiledStep` runs :meth:`RFATransformerDecoder.forward_step` as one C++ call
+(``compiled_step.cpp``: per layer the causal RFA block, the cross-attention block, the FFN, then the output projection),
+reading the modules' weights, copied once when the engine is made (``int8``: the products by weight matrices of at
+least ``int8_min_weights`` numbers with int8 weights, one scale per output, and int8 inputs, one scale per row).
+The modules stay the model and each block's reference (tests/engines/test_compiled_step.py).
+
+The beam's reorder is folded into the step as in :mod:`ops.causal_rfa.fused`: each causal layer defers ``new_order``
+(``parents`` in its buffer) and the step gathers the parents' rows as it reads the state, writing the advanced state
+into the spare buffer beside it. A step the engine does not run (the first, autograd, another device or dtype) runs
+eagerly; a model it cannot run (another feature map, adaptive softmax, fairseq's optional scalings) is refused when the
+engine is made, naming what it lacks."""
+import logging
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+from fairseq import utils
+from torch import Tensor, nn
+
+from ..extensions import build
+from ..modules import CausalRFAttention, CrossRFAttention, SoftmaxCrossAttention
+
+logger = logging.getLogger(__name__)
+# the kinds of cross attention, as compiled_step.cpp numbers them
+SOFTMAX, WINDOW, RFA = 0, 1, 2
+
+
+def load():
+    """The compiled module, or None where it cannot be built (one warning)."""
+    return build(Path(__file__).with_name("compiled_step.cpp"), "rfa_compiled_step")
+
+
+def _linear(weights: dict, name: str, module: nn.Linear):
+    weights[name + ".weight"] = module.weight.detach().float().contiguous()
+    if module.bias is not None:
+        weights[name + ".bias"] = module.bias.detach().float().contiguous()
+
+
+def _norm(weights: dict, numbers: dict, name: str, module: nn.LayerNorm):
+    _linear(weights, name, module)
+    numbers[name + ".eps"] = float(module.eps)
+
+
+def _features(attention) -> Tensor:
+    """The gaussian kernel's projection ``[H, K, D]`` (sigma folded in) of an attention module's feature map."""
+    feature_map = attention.feature_map
+    if feature_map.kernel != "gaussian":
+        raise ValueError(f"--compiled-step computes the gaussian kernel's features, not --rfa-kernel "
+                         f"{feature_map.kernel}")
+    projection, _ = feature_map.inference_weights(torch.float32)  # [H, K, 2 D]: the matrix twice
+    return projection[..., :feature_map.num_features].contiguous()
+
+
+def _layer(layer: nn.Module, window: bool):
+    """One decoder layer's weights and settings, as compiled_step.cpp's Decoder reads them (``window``: its softmax
+    cross attention reads the sentence window's span)."""
+    for name in ("c_attn", "attn_ln", "ffn_layernorm", "w_resid"):
+        if getattr(layer, name, None) is not None:
+            raise ValueError(f"--compiled-step: fairseq's optional {name} (--scale-*) is not compiled")
+    activations = {utils.get_activation_fn(name): name for name in ("relu", "gelu")}
+    if layer.activation_fn not in activations:
+        raise ValueError("--compiled-step compiles the FFN activations relu and gelu only")
+    attention = layer.self_attn
+    if not isinstance(attention, CausalRFAttention):
+        raise ValueError("--compiled-step runs RFA decoders (not --decoder-attention softmax)")
+    weights, numbers = {"self_attn.projection": _features(attention)}, {
+        "normalize_before": float(layer.normalize_before), "gelu": float(activations[layer.activation_fn] == "gelu"),
+        "self_attn.gated": float(attention.gated), "self_attn.convex": float(attention.convex),
+        "self_attn.eps": float(attention.eps)}
+    for name in ("self_attn.in_proj", "self_attn.out_proj", "fc1", "fc2"):
+        _linear(weights, name, layer.get_submodule(name))
+    for name in ("self_attn_layer_norm", "final_layer_norm"):
+        _norm(weights, numbers, name, getattr(layer, name))
+    cross = layer.encoder_attn
+    if cross is not None:
+        for name in ("q_proj", "out_proj"):
+            _linear(weights, f"encoder_attn.{name}", getattr(cross, name))
+        _norm(weights, numbers, "encoder_attn_layer_norm", layer.encoder_attn_layer_norm)
+        numbers["encoder_attn.heads"] = float(cross.num_heads)
+        if isinstance(cross, CrossRFAttention):
+            weights["encoder_attn.projection"] = _features(cross)
+            numbers.update({"encoder_attn.kind": RFA, "encoder_attn.scaling": 1.0, "encoder_attn.eps": cross.eps})
+        elif isinstance(cross, SoftmaxCrossAttention):
+            numbers.update({"encoder_attn.kind": WINDOW if window else SOFTMAX, "encoder_attn.scaling": cross.scaling,
+                            "encoder_attn.eps": 0.0})
+        else:
+            raise ValueError(f"--compiled-step: cross attention {type(cross).__name__} is not compiled")
+    return weights, numbers
+
+
+class CompiledStep:
+    """The decoder's step engine (``decoder.step_engine``, called as :class:`StepGraphs` is): the step's scores from
+    compiled_step.cpp, or None where the step is to run eagerly."""
+
+    def __init__(self, decoder: nn.Module, int8: bool = False, int8_min_weights: int = 0):
+        if not hasattr(decoder, "forward_step"):
+            raise ValueError("--compiled-step runs RFA's fixed-size decoding step: it needs an RFA decoder "
+                             "(not --decoder-attention softmax, whose cache grows every step)")
+        for name in ("adaptive_softmax", "quant_noise"):
+            if getattr(decoder, name, None) is not None:
+                raise ValueError(f"--compiled-step: the decoder's {name} is not compiled")
+        if not isinstance(decoder.embed_tokens, nn.Embedding):
+            raise ValueError(f"--compiled-step: the token embedding {type(decoder.embed_tokens).__name__} "
+                             "(--adaptive-input, --character-embeddings) is not compiled")
+        start = time.perf_counter()
+        self.decoder, self.op = decoder, load()
+        self.layers = list(decoder.layers)
+        self.engine = None if self.op is None else self._build(int8, int8_min_weights)
+        self.setup_seconds = time.perf_counter() - start  # building the extension (first use on a machine) or loading it
+
+    def _build(self, int8: bool, int8_min_weights: int):
+        d, weights = self.decoder, {}
+        numbers = {"embed_scale": float(d.embed_scale), "padding_idx": float(d.padding_idx)}
+        weights["embed_tokens.weight"] = d.embed_tokens.weight.detach().float().contiguous()
+        for name in ("output_projection", "project_in_dim", "project_out_dim"):
+            if getattr(d, name, None) is not None:
+                _linear(weights, name, getattr(d, name))
+        for name in ("layernorm_embedding", "layer_norm"):
+            if getattr(d, name, None) is not None:
+                _norm(weights, numbers, name, getattr(d, name))
+        layers = [_layer(layer, d.cross_sentence_window >= 0) for layer in self.layers]
+        return self.op.Decoder(weights, numbers, [w for w, _ in layers], [n for _, n in layers],
+                               int8_min_weights if int8 else -1)
+
+    def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state,
+                 sentence: Optional[Tensor] = None) -> Optional[Tensor]:
+        rows = tokens.size(0)
+        if self.engine is None or torch.is_grad_enabled() or tokens.device.type != "cpu":
+            return None
+        states, spares, caches, parents = [], [], [], None
+        for layer in self.layers:
+            buffer = layer.self_attn._get_input_buffer(incremental_state)
+            state = buffer.get("state")
+            if state is None or state.dtype != torch.float32 or not state.is_contiguous():
+                return None
+            cache = self._cache(layer.encoder_attn, incremental_state, encoder_out)
+            if cache is None:
+                return None
+            states.append(state)
+            caches.append(cache)
+        for layer, state in zip(self.layers, states):  # the advanced states go to the spare buffers
+            buffer = layer.self_attn._get_input_buffer(incremental_state)
+            pending = buffer.pop("parents", None)
+            parents = pending if pending is not None else parents
+            spare = buffer.get("spare_state")
+            if spare is None or spare.size(0) < rows or spare.shape[1:] != state.shape[1:]:
+                spare = state.new_empty((max(rows, state.size(0)),) + state.shape[1:])
+            buffer["state"], buffer["spare_state"] = spare[:rows], state
+            layer.self_attn._set_input_buffer(incremental_state, buffer)
+            spares.append(spare[:rows])
+        d = self.decoder
+        table = d._position_table() if d.embed_positions is not None else None
+        parents = torch.arange(rows) if parents is None else parents
+        return self.engine.step(tokens[:, 0], position, table, sentence, parents, states, spares, caches)[:, None]
+
+    @staticmethod
+    def _cache(cross, incremental_state, encoder_out):
+        """A cross attention's decoding cache as compiled_step.cpp reads it (``[]`` without one; None: not cached)."""
+        if cross is None or encoder_out is None:
+            return []
+        saved = cross._get_input_buffer(incremental_state)
+        if isinstance(cross, CrossRFAttention):
+            return [saved["state"]] if "state" in saved else None
+        if "window_kv" in saved:
+            return [saved["window_kv"], saved["window_spans"].contiguous()]
+        if saved.get("prev_key") is None:
+            return None
+        mask = saved.get("prev_key_padding_mask")
+        keys = [saved["prev_key"].contiguous(), saved["prev_value"].contiguous()]
+        return keys if mask is None else keys + [mask.bool().contiguous()]

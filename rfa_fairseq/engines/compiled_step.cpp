@@ -1,0 +1,438 @@
+// An RFA decoder's decoding step as compiled layers (float32 on the CPU, C++ through torch's extension API): one call
+// runs the whole step, the token embedding to the output scores. Each block is the fused form of one module's step,
+// and that module is its reference (tests/engines/test_compiled_step.py):
+//   causal RFA (CausalRFAttention._step): one product for q, k, v and the gate; then per row and head one pass that
+//     maps q and k to their features, gathers the parent's state, decays and updates it and reads it out;
+//   softmax cross attention (SoftmaxCrossAttention): the cached keys and values of the whole source, or of the
+//     sentence window's span (--cross-sentence-window);
+//   RFA cross attention (CrossRFAttention): the features of q read from the source's state;
+//   the FFN, the residuals and layer norms (fairseq's TransformerDecoderLayerBase), the output projection.
+// Products by a weight matrix run through ATen (float32), or, for matrices marked int8, through int8_product below:
+// at a few rows a step reads every weight once, and int8 weights are a quarter of the bytes.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+using torch::Tensor;
+using Weights = std::unordered_map<std::string, Tensor>;
+using Numbers = std::unordered_map<std::string, double>;
+
+namespace {
+
+Tensor weight(const Weights& w, const std::string& name) {
+  auto it = w.find(name);
+  TORCH_CHECK(it != w.end() && it->second.scalar_type() == torch::kFloat, "compiled step: no float32 weight ", name);
+  return it->second.contiguous();
+}
+
+Tensor optional_weight(const Weights& w, const std::string& name) {
+  return w.count(name) ? weight(w, name) : Tensor();
+}
+
+double number(const Numbers& n, const std::string& name) {
+  auto it = n.find(name);
+  TORCH_CHECK(it != n.end(), "compiled step: no setting ", name);
+  return it->second;
+}
+
+// y [R, N] = x [R, C] w^T + b, x quantized per row and w per output to int8 (symmetric, 127 steps each way); the
+// products summed exactly in int32. The reference: Linear.reference (the same quantization in float64).
+void int8_product(const float* x, int64_t R, int64_t C, const int8_t* wq, const float* wscale, const float* b,
+                  int64_t N, float* y) {
+  std::vector<int8_t> xq(R * C);
+  std::vector<float> xscale(R);
+  for (int64_t r = 0; r < R; ++r) {
+    float amax = 0.f;
+    for (int64_t c = 0; c < C; ++c) amax = std::max(amax, std::fabs(x[r * C + c]));
+    xscale[r] = amax > 0.f ? amax / 127.f : 1.f;
+    const float inverse = 1.f / xscale[r];
+    for (int64_t c = 0; c < C; ++c) xq[r * C + c] = static_cast<int8_t>(std::nearbyint(x[r * C + c] * inverse));
+  }
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int8_t* __restrict__ w = wq + n * C;
+      for (int64_t r = 0; r < R; ++r) {
+        const int8_t* __restrict__ a = xq.data() + r * C;
+        int32_t sum = 0;
+        for (int64_t c = 0; c < C; ++c) sum += static_cast<int16_t>(a[c]) * static_cast<int16_t>(w[c]);
+        y[r * N + n] = static_cast<float>(sum) * xscale[r] * wscale[n] + (b ? b[n] : 0.f);
+      }
+    }
+  });
+}
+
+// A product by a weight matrix [N, C] and its bias [N] (or none), in float32 or with int8 weights.
+struct Linear {
+  Tensor w, b, wq, wscale;  // w: float32 [N, C]; wq: int8 [N, C], wscale [N] where int8
+  Linear() = default;
+  Linear(const Tensor& weight_, const Tensor& bias, bool int8) : w(weight_), b(bias) {
+    if (int8) {
+      wscale = w.abs().amax(1).div(127.f).clamp_min(1e-12f);
+      wq = w.div(wscale.unsqueeze(1)).round().to(torch::kChar).contiguous();
+      w = Tensor();  // only the int8 copy is read
+    }
+  }
+  bool defined() const { return w.defined() || wq.defined(); }
+  int64_t outputs() const { return (wq.defined() ? wq : w).size(0); }
+  Tensor operator()(const Tensor& x) const {  // [R, C] -> [R, N]
+    if (!wq.defined()) return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
+    Tensor y = at::empty({x.size(0), outputs()}, x.options());
+    int8_product(x.data_ptr<float>(), x.size(0), x.size(1), wq.data_ptr<int8_t>(), wscale.data_ptr<float>(),
+                 b.defined() ? b.data_ptr<float>() : nullptr, outputs(), y.data_ptr<float>());
+    return y;
+  }
+  Tensor reference(const Tensor& x) const {  // int8_product's arithmetic in float64 (tests)
+    TORCH_CHECK(wq.defined(), "compiled step: the reference is of an int8 product");
+    Tensor scale = x.abs().amax(1, true).div(127.0).to(torch::kDouble);
+    scale = at::where(scale > 0, scale, at::ones_like(scale));
+    Tensor xq = x.to(torch::kDouble).div(scale).round();
+    Tensor y = at::mm(xq, wq.to(torch::kDouble).t()).mul(scale).mul(wscale.to(torch::kDouble));
+    return (b.defined() ? y.add(b) : y).to(torch::kFloat);
+  }
+};
+
+Linear linear(const Weights& w, const std::string& name, int64_t int8_min_weights) {
+  Tensor m = weight(w, name + ".weight");
+  return Linear(m, optional_weight(w, name + ".bias"), int8_min_weights >= 0 && m.numel() >= int8_min_weights);
+}
+
+// fairseq's LayerNorm (torch's), of x + residual when residual is given, in place in x [R, C].
+struct Norm {
+  Tensor w, b;
+  float eps = 1e-5f;
+  void operator()(Tensor& x, const Tensor* residual = nullptr) const {
+    const int64_t R = x.size(0), C = x.size(1);
+    float* p = x.data_ptr<float>();
+    const float* add = residual ? residual->data_ptr<float>() : nullptr;
+    const float *g = w.data_ptr<float>(), *h = b.data_ptr<float>();
+    for (int64_t r = 0; r < R; ++r) {
+      float* row = p + r * C;
+      if (add)
+        for (int64_t c = 0; c < C; ++c) row[c] += add[r * C + c];
+      double mean = 0, var = 0;
+      for (int64_t c = 0; c < C; ++c) mean += row[c];
+      mean /= C;
+      for (int64_t c = 0; c < C; ++c) var += (row[c] - mean) * (row[c] - mean);
+      const float inv = 1.f / std::sqrt(static_cast<float>(var / C) + eps), m = static_cast<float>(mean);
+      for (int64_t c = 0; c < C; ++c) row[c] = (row[c] - m) * inv * g[c] + h[c];
+    }
+  }
+};
+
+Norm norm(const Weights& w, const Numbers& n, const std::string& name) {
+  return Norm{weight(w, name + ".weight"), weight(w, name + ".bias"), static_cast<float>(number(n, name + ".eps"))};
+}
+
+// The gaussian kernel's features of x [R, H, K] (RandomFeatureMap.forward at inference): x / (|x| + 1e-6) by the
+// projection [H, K, D] (sigma folded in), then [sin | cos] / sqrt(D): [R, H, 2 D]; the sines and cosines by ATen
+// (vectorized), as sin(a) and sin(a + pi / 2) as in ops.gaussian_step_features.
+Tensor gaussian_features(const Tensor& x, const Tensor& projection) {
+  const int64_t R = x.size(0), H = x.size(1), K = x.size(2), D = projection.size(2);
+  Tensor angles = at::empty({R, H, 2 * D}, x.options());
+  const float *px = x.data_ptr<float>(), *pw = projection.data_ptr<float>();
+  float* pa = angles.data_ptr<float>();
+  const float half_pi = static_cast<float>(M_PI / 2);
+  for (int64_t i = 0; i < R * H; ++i) {
+    const float* u = px + i * K;
+    const float* w = pw + (i % H) * K * D;
+    float* a = pa + i * 2 * D;
+    float norm = 0.f;
+    for (int64_t k = 0; k < K; ++k) norm += u[k] * u[k];
+    const float scale = 1.f / (std::sqrt(norm) + 1e-6f);
+    for (int64_t d = 0; d < D; ++d) a[d] = 0.f;
+    for (int64_t k = 0; k < K; ++k) {
+      const float uk = u[k] * scale;
+      for (int64_t d = 0; d < D; ++d) a[d] += uk * w[k * D + d];
+    }
+    for (int64_t d = 0; d < D; ++d) a[D + d] = a[d] + half_pi;
+  }
+  return angles.sin_().mul_(1.f / std::sqrt(static_cast<float>(D)));
+}
+
+// Causal RFA's step (CausalRFAttention._step with ops.causal_rfa.fused's one pass over the state).
+struct CausalRFA {
+  Linear in, out;
+  Tensor projection;  // [H, K, D]
+  int64_t H = 0;
+  bool gated = false, convex = true;
+  float eps = 0.01f;
+
+  // x [R, C], pad [R] (or undefined), the state of the previous step's rows old [P, H, F, K + 1] read at parents
+  // [R], the advanced state written into next [R, H, F, K + 1]: the block's output [R, C] (before its residual).
+  Tensor operator()(const Tensor& x, const Tensor& pad, const Tensor& old, Tensor& next, const Tensor& parents) const {
+    const int64_t R = x.size(0), C = x.size(1), K = C / H, F = next.size(2), V = K + 1;
+    TORCH_CHECK(next.size(0) == R && next.size(1) == H && next.size(3) == V && old.size(1) == H &&
+                    old.size(2) == F && old.size(3) == V && old.is_contiguous() && next.is_contiguous() &&
+                    F == 2 * projection.size(2), "compiled step: a causal state of another layout");
+    Tensor y = in(x);  // [R, 3 C (+ H)]: q | k | v | the gate's logit
+    Tensor qk = y.narrow(1, 0, 2 * C).reshape({R * 2, H, K});
+    Tensor phi = gaussian_features(qk, projection).view({R, 2, H, F});
+    Tensor heads = at::empty({R, H, K}, x.options());
+    const float *Y = y.data_ptr<float>(), *PHI = phi.data_ptr<float>(), *src = old.data_ptr<float>();
+    const bool *is_pad = pad.defined() ? pad.data_ptr<bool>() : nullptr;
+    const int64_t* P = parents.data_ptr<int64_t>();
+    float *dst = next.data_ptr<float>(), *O = heads.data_ptr<float>();
+    const int64_t width = y.size(1), rows = old.size(0);
+    for (int64_t r = 0; r < R; ++r) TORCH_CHECK(P[r] >= 0 && P[r] < rows, "compiled step: a parent out of range");
+    at::parallel_for(0, R * H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> v1(V), o(V);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t r = i / H, h = i % H;
+        const bool skip = is_pad && is_pad[r];  // a pad neither writes nor decays the state
+        float decay = 1.f, write = skip ? 0.f : 1.f;
+        if (gated && !skip) {
+          const float logit = Y[r * width + 3 * C + h];
+          decay = 1.f / (1.f + std::exp(-logit));
+          if (convex) write = 1.f / (1.f + std::exp(logit));  // 1 - g without cancellation
+        }
+        for (int64_t c = 0; c < K; ++c) v1[c] = Y[r * width + 2 * C + h * K + c] * write;
+        v1[K] = write;
+        const float* q = PHI + (r * 2 * H + h) * F;
+        const float* k = PHI + (r * 2 * H + H + h) * F;
+        const float* __restrict__ s = src + (P[r] * H + h) * F * V;
+        float* __restrict__ d = dst + i * F * V;
+        std::fill(o.begin(), o.end(), 0.f);
+        for (int64_t f = 0; f < F; ++f) {
+          const float kf = k[f], qf = q[f];
+          for (int64_t c = 0; c < V; ++c) {
+            const float value = decay * s[f * V + c] + kf * v1[c];
+            d[f * V + c] = value;
+            o[c] += qf * value;
+          }
+        }
+        const float den = std::max(o[K], eps);
+        for (int64_t c = 0; c < K; ++c) O[i * K + c] = o[c] / den;
+      }
+    });
+    return out(heads.view({R, C}));
+  }
+};
+
+// Cross attention over a source: softmax over its cached keys and values (the whole source, or a sentence window's
+// span), or RFA from its state.
+struct Cross {
+  enum Kind { kSoftmax = 0, kWindow = 1, kRFA = 2 } kind = kSoftmax;
+  Linear q, out;
+  Tensor projection;  // RFA: [H, K, D]
+  int64_t H = 0;
+  float scaling = 1.f, eps = 0.01f;
+
+  // x [R, C]; cache: softmax: keys, values [S, H, T, K], the keys' padding mask [S, T] (or undefined); window:
+  // keys | values [S, H, T, 2 K], spans [S, J, 2], with the rows' sentence numbers; RFA: the state [S, H, F, K + 1].
+  Tensor operator()(const Tensor& x, const std::vector<Tensor>& cache, const Tensor& sentence) const {
+    const int64_t R = x.size(0), C = x.size(1), K = C / H, S = cache[0].size(0);
+    TORCH_CHECK(R % S == 0, "compiled step: ", R, " rows are not the beams of ", S, " sources");
+    const int64_t beam = R / S;
+    Tensor queries = q(x);
+    Tensor heads = at::empty({R, H, K}, x.options());
+    float* O = heads.data_ptr<float>();
+    if (kind == kRFA) {
+      const Tensor& state = cache[0];  // [S, H, F, K + 1]
+      const int64_t F = state.size(2), V = K + 1;
+      Tensor phi = gaussian_features(queries.view({R, H, K}), projection);
+      const float *PHI = phi.data_ptr<float>(), *ST = state.data_ptr<float>();
+      at::parallel_for(0, R * H, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> o(V);
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t r = i / H, h = i % H;
+          const float* s = ST + ((r / beam) * H + h) * F * V;
+          std::fill(o.begin(), o.end(), 0.f);
+          for (int64_t f = 0; f < F; ++f)
+            for (int64_t c = 0; c < V; ++c) o[c] += PHI[i * F + f] * s[f * V + c];
+          const float den = std::max(o[K], eps);
+          for (int64_t c = 0; c < K; ++c) O[i * K + c] = o[c] / den;
+        }
+      });
+      return out(heads.view({R, C}));
+    }
+    const bool window = kind == kWindow;
+    const Tensor& keys = cache[0];
+    const int64_t T = keys.size(2), stride = window ? 2 * K : K;  // a key's numbers; its value's follow (window)
+    const float* KEYS = keys.data_ptr<float>();
+    const float* VALUES = window ? KEYS + K : cache[1].data_ptr<float>();
+    const bool* mask = !window && cache.size() > 2 && cache[2].defined() ? cache[2].data_ptr<bool>() : nullptr;
+    const int64_t* spans = window ? cache[1].data_ptr<int64_t>() : nullptr;
+    const int64_t J = window ? cache[1].size(1) : 0;
+    const int64_t* number = window ? sentence.data_ptr<int64_t>() : nullptr;
+    const float* Q = queries.data_ptr<float>();
+    at::parallel_for(0, R * H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> p(T);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t r = i / H, h = i % H, s = r / beam;
+        int64_t first = 0, last = T;
+        if (window) {
+          const int64_t* span = spans + (s * J + std::min(number[r], J - 1)) * 2;
+          first = span[0], last = span[1];
+        }
+        const float* query = Q + r * C + h * K;
+        const int64_t at = (s * H + h) * T;
+        float top = -INFINITY;
+        for (int64_t t = first; t < last; ++t) {
+          if (mask && mask[s * T + t]) {
+            p[t] = -INFINITY;
+            continue;
+          }
+          const float* key = KEYS + (at + t) * stride;
+          float score = 0.f;
+          for (int64_t c = 0; c < K; ++c) score += query[c] * key[c];
+          p[t] = score * scaling;
+          top = std::max(top, p[t]);
+        }
+        float total = 0.f;
+        for (int64_t t = first; t < last; ++t) total += (p[t] = std::exp(p[t] - top));
+        float* o = O + i * K;
+        std::fill(o, o + K, 0.f);
+        for (int64_t t = first; t < last; ++t) {
+          const float* value = VALUES + (at + t) * stride;
+          const float weight = p[t] / total;
+          for (int64_t c = 0; c < K; ++c) o[c] += weight * value[c];
+        }
+      }
+    });
+    return out(heads.view({R, C}));
+  }
+};
+
+struct Layer {
+  CausalRFA self;
+  Norm self_norm, cross_norm, ffn_norm;
+  bool has_cross = false, pre_norm = false, gelu = false;
+  Cross cross;
+  Linear fc1, fc2;
+};
+
+// The whole decoder (RFATransformerDecoder.forward_step), built once from the modules' weights.
+class Decoder {
+ public:
+  Decoder(const Weights& w, const Numbers& n, const std::vector<Weights>& layer_weights,
+          const std::vector<Numbers>& layer_numbers, int64_t int8_min_weights)
+      : embed_(weight(w, "embed_tokens.weight")), embed_scale_(number(n, "embed_scale")),
+        padding_idx_(static_cast<int64_t>(number(n, "padding_idx"))) {
+    output_ = linear(w, "output_projection", int8_min_weights);
+    if (w.count("project_in_dim.weight")) project_in_ = linear(w, "project_in_dim", int8_min_weights);
+    if (w.count("project_out_dim.weight")) project_out_ = linear(w, "project_out_dim", int8_min_weights);
+    if (w.count("layernorm_embedding.weight")) embed_norm_ = norm(w, n, "layernorm_embedding"), has_embed_norm_ = true;
+    if (w.count("layer_norm.weight")) final_norm_ = norm(w, n, "layer_norm"), has_final_norm_ = true;
+    for (size_t i = 0; i < layer_weights.size(); ++i) {
+      const Weights& lw = layer_weights[i];
+      const Numbers& ln = layer_numbers[i];
+      Layer layer;
+      layer.pre_norm = number(ln, "normalize_before") != 0;
+      layer.gelu = number(ln, "gelu") != 0;
+      layer.self.in = linear(lw, "self_attn.in_proj", int8_min_weights);
+      layer.self.out = linear(lw, "self_attn.out_proj", int8_min_weights);
+      layer.self.projection = weight(lw, "self_attn.projection");
+      layer.self.H = layer.self.projection.size(0);
+      layer.self.gated = number(ln, "self_attn.gated") != 0;
+      layer.self.convex = number(ln, "self_attn.convex") != 0;
+      layer.self.eps = static_cast<float>(number(ln, "self_attn.eps"));
+      layer.self_norm = norm(lw, ln, "self_attn_layer_norm");
+      layer.has_cross = ln.count("encoder_attn.kind") > 0;
+      if (layer.has_cross) {
+        Cross& c = layer.cross;
+        c.kind = static_cast<Cross::Kind>(number(ln, "encoder_attn.kind"));
+        c.q = linear(lw, "encoder_attn.q_proj", int8_min_weights);
+        c.out = linear(lw, "encoder_attn.out_proj", int8_min_weights);
+        c.H = static_cast<int64_t>(number(ln, "encoder_attn.heads"));
+        c.scaling = static_cast<float>(number(ln, "encoder_attn.scaling"));
+        c.eps = static_cast<float>(number(ln, "encoder_attn.eps"));
+        c.projection = optional_weight(lw, "encoder_attn.projection");
+        layer.cross_norm = norm(lw, ln, "encoder_attn_layer_norm");
+      }
+      layer.fc1 = linear(lw, "fc1", int8_min_weights);
+      layer.fc2 = linear(lw, "fc2", int8_min_weights);
+      layer.ffn_norm = norm(lw, ln, "final_layer_norm");
+      layers_.push_back(std::move(layer));
+    }
+  }
+
+  // tokens [R] at position (the position table's row, with the table: none without positional embeddings), the
+  // rows' sentence numbers [R] (--sentence-index: added to the positions as models/sentence_index.py's sinusoids;
+  // --cross-sentence-window: the window), parents [R]; per layer its causal state (the previous step's rows), the
+  // buffer for the advanced state [R, ...] and its cross attention's cache: the scores [R, V].
+  Tensor step(const Tensor& tokens, int64_t position, const c10::optional<Tensor>& table,
+              const c10::optional<Tensor>& sentence_, const Tensor& parents, const std::vector<Tensor>& states,
+              std::vector<Tensor> next, const std::vector<std::vector<Tensor>>& caches) {
+    TORCH_CHECK(states.size() == layers_.size() && next.size() == layers_.size() && caches.size() == layers_.size(),
+                "compiled step: one state, buffer and cache per layer");
+    const Tensor sentence = sentence_.has_value() ? sentence_->contiguous() : Tensor();
+    Tensor x = at::embedding(embed_, tokens).mul_(embed_scale_);
+    if (project_in_.defined()) x = project_in_(x);
+    if (table.has_value()) {
+      TORCH_CHECK(position < table->size(0), "compiled step: position ", position, " past the position table");
+      x.add_(table->select(0, position));
+      if (sentence.defined()) add_sentence_embedding(x, sentence);
+    }
+    if (has_embed_norm_) embed_norm_(x);
+    Tensor pad = tokens.eq(padding_idx_);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& layer = layers_[i];
+      x = block(x, layer.self_norm, layer.pre_norm,
+                [&](const Tensor& h) { return layer.self(h, pad, states[i], next[i], parents); });
+      if (layer.has_cross)
+        x = block(x, layer.cross_norm, layer.pre_norm,
+                  [&](const Tensor& h) { return layer.cross(h, caches[i], sentence); });
+      x = block(x, layer.ffn_norm, layer.pre_norm, [&](const Tensor& h) {
+        Tensor hidden = layer.fc1(h);
+        hidden = layer.gelu ? at::gelu(hidden) : hidden.clamp_min_(0.f);
+        return layer.fc2(hidden);
+      });
+    }
+    if (has_final_norm_) final_norm_(x);
+    if (project_out_.defined()) x = project_out_(x);
+    return output_(x);
+  }
+
+  // models/sentence_index.py's sentence_embedding of the rows' numbers, added to x [R, C]
+  static void add_sentence_embedding(Tensor& x, const Tensor& sentence) {
+    const int64_t R = x.size(0), C = x.size(1), half = C / 2;
+    const float step = static_cast<float>(-std::log(10000.0) / std::max<int64_t>(half - 1, 1));
+    float* p = x.data_ptr<float>();
+    const int64_t* number = sentence.data_ptr<int64_t>();
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = static_cast<float>(number[r]) * std::exp(static_cast<float>(i) * step);
+        p[r * C + i] += std::sin(angle);
+        p[r * C + half + i] += std::cos(angle) - 1.f;
+      }
+  }
+
+  // the int8 products' float64 reference (tests): the output projection's
+  Tensor output_reference(const Tensor& x) const { return output_.reference(x); }
+
+ private:
+  // fairseq's residual block: post-norm norm(x + f(x)), pre-norm x + f(norm(x))
+  template <typename Fn>
+  static Tensor block(const Tensor& x, const Norm& n, bool pre_norm, Fn&& f) {
+    if (pre_norm) {
+      Tensor h = x.clone();
+      n(h);
+      return f(h).add_(x);
+    }
+    Tensor y = f(x);
+    n(y, &x);
+    return y;
+  }
+
+  Tensor embed_;
+  double embed_scale_;
+  int64_t padding_idx_;
+  Linear output_, project_in_, project_out_;  // the projections: where the embeddings' size differs
+  Norm embed_norm_, final_norm_;
+  bool has_embed_norm_ = false, has_final_norm_ = false;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  pybind11::class_<Decoder>(m, "Decoder")
+      .def(pybind11::init<const Weights&, const Numbers&, const std::vector<Weights>&, const std::vector<Numbers>&,
+                          int64_t>())
+      .def("step", &Decoder::step, "one decoding step (see the C++ source)")
+      .def("output_reference", &Decoder::output_reference);
+}
