@@ -31,8 +31,7 @@ setup(
         "stack": ["torch>=2.4", "fairseq-fixed==0.12.3.1", "hydra-core==1.3.2", "omegaconf==2.3.0",
                   "sacrebleu", "sacremoses", "sentencepiece", "ninja"],
         "test": ["pytest", "pytest-xdist", "hypothesis"],
-        "bench": ["ctranslate2==4.8.5"],
-        "onnx": ["onnxruntime==1.31.0", "onnxscript==0.7.2", "onnx==1.23.2"],  # --onnx-runtime (setup_env.sh installs them)  # bench/decode.py's CTranslate2 models (scripts/setup_env.sh installs it)
+        "bench": ["ctranslate2==4.8.5"],  # bench/decode.py's CTranslate2 models (scripts/setup_env.sh installs it)
         # --rfa-backend fla: flash-linear-attention's kernels; triton 3.7.1 is torch 2.13's (scripts/setup_env.sh
         # installs both, keeping a triton that came with an installed CUDA torch)
         "gpu": ["fla-core==0.6.0", "triton==3.7.1"],

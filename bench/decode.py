@@ -41,7 +41,8 @@ MODELS = {
                     "gate_sentidx": MT + ["--rfa-gate", "--sentence-index"],
                     "softmax_sentidx": MT + ["--decoder-attention", "softmax", "--sentence-index"],
                     **{f"gate_sentidx_window1{o}": MT + ["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1",
-                                                          *f] for o, f in (("", []), ("_onnx", ["--onnx-runtime"]))},
+                                                          *f] for o, f in (("", []), ("_compiled", ["--compiled-step"]),
+                                                                           ("_int8", ["--int8-inference"]))},
                     "rfa_gate_graphs": RFA_MT + ["--rfa-gate", "--cuda-graphs"],
                     "rfa_gate_softcross_graphs": MT + ["--rfa-gate", "--cuda-graphs"]},
     "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": LM + BASE, "rfa_gate": LM + ["--rfa-gate"] + BASE,
@@ -110,8 +111,9 @@ class Contender:  # one synthetic model (random weights, seed 0), its fixed inpu
             "--task", "language_modeling", "--share-decoder-input-output-embed", "--tokens-per-sample", str(n)]
         self.model, self.task, _ = harness.build_model([data_dir, "--dropout", "0"] + flags)
         self.model = self.model.eval().to(args.device)
-        if getattr(self.model, "cuda_graphs", False) or getattr(self.model, "onnx_runtime", False):
-            to_decoding_form_(self.model, cuda_graphs=self.model.cuda_graphs, onnx_runtime=self.model.onnx_runtime)
+        m = self.model
+        if any(getattr(m, flag, False) for flag in ("cuda_graphs", "int8_inference", "compiled_step")):
+            to_decoding_form_(m, m.int8_inference, m.cuda_graphs, m.int8_min_weights, m.compiled_step)
         forward = self.model.decoder.forward
 
         def spy(*a, **kw):
@@ -266,7 +268,7 @@ def decode_checkpoint(model, argv, args, do_profile):
         task.load_dataset(split, task_cfg=saved.task)
         net = models[0].cuda() if cuda else models[0]
         net.prepare_for_inference_(cfg)
-        to_decoding_form_(net, int8="int8" in forms, cuda_graphs=False, onnx_runtime="onnx" in forms)
+        to_decoding_form_(net, int8="int8" in forms, cuda_graphs=False, compiled_step="compiled" in forms)
         fused.load = (lambda: None) if "unfused" in forms else fused.load  # unfused: torch's operators for the state
         limit = utils.resolve_max_positions(task.max_positions(), net.max_positions())
         generator, generators = task.build_generator([net], g, sequence_generator.SequenceGenerator if "fairseq" in forms else None), {}
@@ -371,13 +373,13 @@ def checkpoint(args):
 
 def model_spec(text):
     name, _, where = text.partition("=")
-    forms = ()  # int8: --int8-inference; onnx: --onnx-runtime; unfused: no fused op; fairseq: fairseq's SequenceGenerator
-    while not where.startswith("ct2:") and where.partition(":")[0] in ("int8", "onnx", "unfused", "fairseq"):
+    forms = ()  # int8: --int8-inference; compiled: --compiled-step; unfused: no fused op; fairseq: fairseq's SequenceGenerator
+    while not where.startswith("ct2:") and where.partition(":")[0] in ("int8", "compiled", "unfused", "fairseq"):
         form, _, where = where.partition(":")
         forms += (form,)
     path, ct2 = where[4:].rpartition(":")[::2] if where.startswith("ct2:") else (where, None)
     if not name or ct2 not in (None,) + CT2_TYPES or not (os.path.isfile(path) or ct2 and os.path.isfile(f"{path}/model.bin")):
-        raise argparse.ArgumentTypeError(f"wants NAME=CHECKPOINT (an existing fairseq checkpoint), NAME=[int8:|onnx:]CHECKPOINT or "
+        raise argparse.ArgumentTypeError(f"wants NAME=CHECKPOINT (an existing fairseq checkpoint), NAME=[int8:|compiled:]CHECKPOINT or "
                                          f"NAME=ct2:PATH:COMPUTE_TYPE (PATH: a CTranslate2 model folder or a softmax checkpoint; "
                                          f"COMPUTE_TYPE: {', '.join(CT2_TYPES)}), got {text!r}")
     return name, path, ct2, forms
@@ -403,7 +405,7 @@ def parse_args(argv=None):
                    "(each length), the output forced, both with a <sep> every N tokens")
     c = modes.add_parser("checkpoint", help="trained checkpoints on a binarised split; fairseq-generate flags after --")
     c.add_argument("data", help="fairseq data-bin folder")
-    c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=[int8:|onnx:]CHECKPOINT|NAME=ct2:PATH:TYPE",
+    c.add_argument("--model", type=model_spec, action="append", required=True, metavar="NAME=[int8:|compiled:]CHECKPOINT|NAME=ct2:PATH:TYPE",
                    help="repeatable; the first is the reference of the ratios")
     c.add_argument("--task", choices=["translation", "rfa_translation", "language_modeling"], default="translation")
     c.add_argument("--source-lang"), c.add_argument("--target-lang")

@@ -33,7 +33,6 @@ try:
     m.version("rfa_fairseq")
     m.version("ctranslate2")  # optional, below: where it cannot install, setup runs its install steps every time
     m.version("fla-core")  # optional too
-    m.version("onnxruntime")  # optional too (--onnx-runtime)
     print(m.version("fairseq-fixed"))
 except Exception:
     pass
@@ -61,12 +60,12 @@ pip_install "hydra-core==1.3.2" "omegaconf==2.3.0" regex sacrebleu sacremoses tq
 pip_install --no-build-isolation --no-deps -e .
 # optional, pinned as setup.py's "bench" extra: CTranslate2 for bench/decode.py (tests skip its cases without it)
 pip_install "ctranslate2==4.8.5" || echo "[setup] warning: ctranslate2 4.8.5 did not install; bench/decode.py runs without it"
-# optional, pinned as setup.py's "onnx" extra: ONNX Runtime and the exporter's onnxscript for --onnx-runtime
-pip_install "onnxruntime==1.31.0" "onnxscript==0.7.2" "onnx==1.23.2" || echo "[setup] warning: onnxruntime did not install; --onnx-runtime decodes eagerly"
 # optional, pinned as setup.py's "gpu" extra: fla-core's kernels for --rfa-backend fla (the tests run them in
 # Triton's interpreter on a CPU); a triton that came with a CUDA torch is kept
 "$PY" -c "import triton" 2>/dev/null || pip_install "triton==3.7.1" || echo "[setup] warning: triton did not install"
 pip_install --no-deps "fla-core==0.6.0" einops || echo "[setup] warning: fla-core did not install; --rfa-backend fla is unavailable"
 "$PY" -c "import torch, fairseq, rfa_fairseq; print('[setup] ok: torch', torch.__version__, '| fairseq', fairseq.__version__, '| rfa_fairseq', rfa_fairseq.__version__)"
-# causal RFA's fused decoding step (C++, torch's extension API): compiled now for this CPU, cached for every later process
+# the C++ (torch's extension API): causal RFA's fused step and the compiled step, built now for this CPU, cached for
+# every later process
 "$PY" -c "from rfa_fairseq.ops.causal_rfa import fused; print('[setup] fused decoding step:', 'built' if fused.load() else 'unavailable')"
+"$PY" -c "from rfa_fairseq.engines import compiled; print('[setup] compiled step:', 'built' if compiled.load() else 'unavailable')"

@@ -168,7 +168,7 @@ def skip_where_fla_refuses_gated_backward(gated: bool):
 
 
 def fx_capture(step, warmup, pool=None):
-    """A CUDA graph's capture (``rfa_fairseq.step_graphs.capture_cuda_graph``'s signature) emulated on any device:
+    """A CUDA graph's capture (``rfa_fairseq.engines.step_graphs.capture_cuda_graph``'s signature) emulated on any device:
     ``step`` traced once into an operator graph (torch.fx, real tensors). As in a CUDA graph, the tensors it reads
     and writes are those of the capture (the same objects, so in-place writes reach the live state) and every
     Python value is frozen. The trace runs the step on the live state, which a CUDA capture does not: so the
@@ -188,9 +188,9 @@ def causal_state(buffer: dict) -> torch.Tensor:
 
 
 def emulate_cuda_graphs(monkeypatch, capture=fx_capture):
-    """Make ``rfa_fairseq.step_graphs`` capture steps on every device, with ``capture``; beam reorders happen at
+    """Make ``rfa_fairseq.engines.step_graphs`` capture steps on every device, with ``capture``; beam reorders happen at
     once, as they do on CUDA (on the CPU they wait for the next step's fused pass over the state)."""
-    from rfa_fairseq import step_graphs
+    from rfa_fairseq.engines import step_graphs
     from rfa_fairseq.ops.causal_rfa import fused
 
     monkeypatch.setattr(step_graphs, "captures_on", lambda device: True)

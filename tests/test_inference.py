@@ -1,5 +1,5 @@
 """The inference form (rfa_fairseq/inference.py): the flags fairseq's command lines pass make the step engine they
-name, with int8 only in the ONNX step's graph (the model's layers stay float32); bad values and combinations are
+name, with int8 only in the compiled step's packed copies (the model's layers stay float32); bad values and combinations are
 refused by name."""
 from argparse import Namespace
 
@@ -7,18 +7,18 @@ import pytest
 import torch
 from torch import nn
 
-from rfa_fairseq import inference, onnx_step
-from rfa_fairseq.step_graphs import StepGraphs
+from rfa_fairseq import inference
+from rfa_fairseq.engines.compiled import CompiledStep
+from rfa_fairseq.engines.step_graphs import StepGraphs
 
 GENERATE_CFG = Namespace(generation=Namespace(beam=4))  # what prepare_for_inference_ reads of fairseq-generate's
 
 
 @pytest.mark.parametrize("family", ["lm", "translation"])
-def test_the_flags_make_the_step_engine_they_name(lm_model, translation_model, family, monkeypatch):
-    monkeypatch.setattr(onnx_step, "available", lambda: True)
+def test_the_flags_make_the_step_engine_they_name(lm_model, translation_model, family):
     make = lm_model if family == "lm" else translation_model
-    for flags, engine, int8 in (((), None, None), (("--onnx-runtime",), onnx_step.OnnxStep, False),
-                                (("--int8-inference", "--int8-min-weights", "0"), onnx_step.OnnxStep, True),
+    for flags, engine, int8 in (((), None, None), (("--compiled-step",), CompiledStep, False),
+                                (("--int8-inference", "--int8-min-weights", "7"), CompiledStep, True),
                                 (("--cuda-graphs",), StepGraphs, None)):
         _, model = make("--rfa-gate", *flags)
         layers = [type(m) for m in model.modules() if isinstance(m, nn.Linear)]
@@ -29,7 +29,7 @@ def test_the_flags_make_the_step_engine_they_name(lm_model, translation_model, f
             assert model.decoder.step_engine.int8 == int8
     _, model = make("--rfa-gate", "--int8-inference")
     model.prepare_for_inference_(GENERATE_CFG)
-    assert model.decoder.step_engine.int8_min_weights == inference.INT8_MIN_WEIGHTS == 2 ** 18
+    assert model.decoder.step_engine.int8_min_weights == inference.INT8_MIN_WEIGHTS == 0
 
 
 def test_bad_values_and_combinations_are_refused(lm_model, translation_model):
@@ -40,10 +40,9 @@ def test_bad_values_and_combinations_are_refused(lm_model, translation_model):
     with pytest.raises(ValueError, match="choose one"):
         model.prepare_for_inference_(GENERATE_CFG)
     _, softmax = translation_model("--decoder-attention", "softmax", "--int8-inference", rfa_flags=False)
-    if onnx_step.available():
-        with pytest.raises(ValueError, match="needs an RFA decoder"):
-            softmax.prepare_for_inference_(GENERATE_CFG)
+    with pytest.raises(ValueError, match="needs an RFA decoder"):
+        softmax.prepare_for_inference_(GENERATE_CFG)
     _, model = lm_model()
     with pytest.raises(ValueError, match="eval"):
-        inference.to_decoding_form_(model.train(), onnx_runtime=True)
+        inference.to_decoding_form_(model.train(), compiled_step=True)
     assert torch.is_grad_enabled()

@@ -4,7 +4,7 @@ At a few rows a decoding step is bound by its operators' dispatch and by the byt
 attention's arithmetic. :class:`CompiledStep` runs :meth:`RFATransformerDecoder.forward_step` as one C++ call
 (``compiled_step.cpp``: per layer the causal RFA block, the cross-attention block, the FFN, then the output projection),
 reading the modules' weights, copied once when the engine is made (``int8``: the products by weight matrices of at
-least ``int8_min_weights`` numbers with int8 weights, one scale per output, and int8 inputs, one scale per row).
+least ``int8_min_weights`` numbers by fbgemm with int8 weights, one scale per output, packed once).
 The modules stay the model and each block's reference (tests/engines/test_compiled_step.py).
 
 The beam's reorder is folded into the step as in :mod:`ops.causal_rfa.fused`: each causal layer defers ``new_order``
@@ -107,7 +107,7 @@ class CompiledStep:
             raise ValueError(f"--compiled-step: the token embedding {type(decoder.embed_tokens).__name__} "
                              "(--adaptive-input, --character-embeddings) is not compiled")
         start = time.perf_counter()
-        self.decoder, self.op = decoder, load()
+        self.decoder, self.op, self.int8, self.int8_min_weights = decoder, load(), int8, int8_min_weights
         self.layers = list(decoder.layers)
         self.engine = None if self.op is None else self._build(int8, int8_min_weights)
         self.setup_seconds = time.perf_counter() - start  # building the extension (first use on a machine) or loading it

@@ -7,10 +7,12 @@
 //     sentence window's span (--cross-sentence-window);
 //   RFA cross attention (CrossRFAttention): the features of q read from the source's state;
 //   the FFN, the residuals and layer norms (fairseq's TransformerDecoderLayerBase), the output projection.
-// Products by a weight matrix run through ATen (float32), or, for matrices marked int8, through int8_product below:
-// at a few rows a step reads every weight once, and int8 weights are a quarter of the bytes.
+// At a few rows a step reads every weight once: products by a weight matrix read each weight once for all rows
+// (float_product), or, for matrices marked int8, a quarter of the bytes (fbgemm's int8 product).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/quantized/PackedParams.h>
 
 #include <cmath>
 #include <string>
@@ -39,59 +41,65 @@ double number(const Numbers& n, const std::string& name) {
   return it->second;
 }
 
-// y [R, N] = x [R, C] w^T + b, x quantized per row and w per output to int8 (symmetric, 127 steps each way); the
-// products summed exactly in int32. The reference: Linear.reference (the same quantization in float64).
-void int8_product(const float* x, int64_t R, int64_t C, const int8_t* wq, const float* wscale, const float* b,
-                  int64_t N, float* y) {
-  std::vector<int8_t> xq(R * C);
-  std::vector<float> xscale(R);
-  for (int64_t r = 0; r < R; ++r) {
-    float amax = 0.f;
-    for (int64_t c = 0; c < C; ++c) amax = std::max(amax, std::fabs(x[r * C + c]));
-    xscale[r] = amax > 0.f ? amax / 127.f : 1.f;
-    const float inverse = 1.f / xscale[r];
-    for (int64_t c = 0; c < C; ++c) xq[r * C + c] = static_cast<int8_t>(std::nearbyint(x[r * C + c] * inverse));
-  }
+// y [R, N] = x [R, C] w^T + b in float32, reading each weight once for all rows: at a few rows ATen's product (MKL)
+// spends more time packing the weight, on every call, than multiplying. 16 lanes of partial sums: one AVX-512
+// vector, two AVX2 ones.
+void float_product(const float* x, int64_t R, int64_t C, const float* w, const float* b, int64_t N, float* y) {
+  constexpr int64_t L = 16;
   at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      const int8_t* __restrict__ w = wq + n * C;
+      const float* __restrict__ row = w + n * C;
       for (int64_t r = 0; r < R; ++r) {
-        const int8_t* __restrict__ a = xq.data() + r * C;
-        int32_t sum = 0;
-        for (int64_t c = 0; c < C; ++c) sum += static_cast<int16_t>(a[c]) * static_cast<int16_t>(w[c]);
-        y[r * N + n] = static_cast<float>(sum) * xscale[r] * wscale[n] + (b ? b[n] : 0.f);
+        const float* __restrict__ a = x + r * C;
+        float lanes[L] = {};
+        int64_t c = 0;
+        for (; c + L <= C; c += L)
+          for (int64_t l = 0; l < L; ++l) lanes[l] += a[c + l] * row[c + l];
+        float sum = b ? b[n] : 0.f;
+        for (; c < C; ++c) sum += a[c] * row[c];
+        for (int64_t l = 0; l < L; ++l) sum += lanes[l];
+        y[r * N + n] = sum;
       }
     }
   });
 }
 
-// A product by a weight matrix [N, C] and its bias [N] (or none), in float32 or with int8 weights.
+// Up to this many rows a float32 product is float_product's, from it ATen's (MKL's packing then pays for itself).
+constexpr int64_t FEW_ROWS = 4;
+
+// Whether fbgemm's int8 products quantize inputs to 7 bits: without VNNI, AVX2 and AVX-512 sum pairs of 8-bit products
+// in saturating 16 bits (torch's dynamic quantized Linear does the same).
+bool reduce_range() {
+  static const bool reduce = !(__builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni"));
+  return reduce;
+}
+
+// A product by a weight matrix [N, C] and its bias [N] (or none): float32, or int8 weights by fbgemm (torch's
+// quantized::linear_prepack and its dynamic product: the weight per output and the input per call quantized to 8 bits,
+// int32 sums), packed once here.
 struct Linear {
-  Tensor w, b, wq, wscale;  // w: float32 [N, C]; wq: int8 [N, C], wscale [N] where int8
+  Tensor w, b;  // float32 [N, C], [N]; w undefined where int8
+  c10::intrusive_ptr<LinearPackedParamsBase> packed;
   Linear() = default;
   Linear(const Tensor& weight_, const Tensor& bias, bool int8) : w(weight_), b(bias) {
-    if (int8) {
-      wscale = w.abs().amax(1).div(127.f).clamp_min(1e-12f);
-      wq = w.div(wscale.unsqueeze(1)).round().to(torch::kChar).contiguous();
-      w = Tensor();  // only the int8 copy is read
-    }
+    if (!int8) return;
+    static auto prepack = c10::Dispatcher::singleton().findSchemaOrThrow("quantized::linear_prepack", "")
+        .typed<c10::intrusive_ptr<LinearPackedParamsBase>(Tensor, std::optional<Tensor>)>();
+    Tensor scale = w.abs().amax(1).div(127.0).clamp_min(1e-12).to(torch::kDouble);
+    Tensor zero = at::zeros({w.size(0)}, w.options().dtype(torch::kLong));
+    packed = prepack.call(at::quantize_per_channel(w, scale, zero, 0, at::kQInt8),
+                          b.defined() ? std::optional<Tensor>(b) : std::nullopt);
+    w = Tensor();  // only the packed copy is read
   }
-  bool defined() const { return w.defined() || wq.defined(); }
-  int64_t outputs() const { return (wq.defined() ? wq : w).size(0); }
+  bool defined() const { return w.defined() || packed; }
   Tensor operator()(const Tensor& x) const {  // [R, C] -> [R, N]
-    if (!wq.defined()) return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
-    Tensor y = at::empty({x.size(0), outputs()}, x.options());
-    int8_product(x.data_ptr<float>(), x.size(0), x.size(1), wq.data_ptr<int8_t>(), wscale.data_ptr<float>(),
-                 b.defined() ? b.data_ptr<float>() : nullptr, outputs(), y.data_ptr<float>());
+    TORCH_CHECK(x.is_contiguous(), "compiled step: a product of a strided input");
+    if (packed) return packed->apply_dynamic(x, reduce_range());
+    if (x.size(0) > FEW_ROWS) return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
+    Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
+    float_product(x.data_ptr<float>(), x.size(0), x.size(1), w.data_ptr<float>(),
+                  b.defined() ? b.data_ptr<float>() : nullptr, w.size(0), y.data_ptr<float>());
     return y;
-  }
-  Tensor reference(const Tensor& x) const {  // int8_product's arithmetic in float64 (tests)
-    TORCH_CHECK(wq.defined(), "compiled step: the reference is of an int8 product");
-    Tensor scale = x.abs().amax(1, true).div(127.0).to(torch::kDouble);
-    scale = at::where(scale > 0, scale, at::ones_like(scale));
-    Tensor xq = x.to(torch::kDouble).div(scale).round();
-    Tensor y = at::mm(xq, wq.to(torch::kDouble).t()).mul(scale).mul(wscale.to(torch::kDouble));
-    return (b.defined() ? y.add(b) : y).to(torch::kFloat);
   }
 };
 
@@ -401,8 +409,8 @@ class Decoder {
       }
   }
 
-  // the int8 products' float64 reference (tests): the output projection's
-  Tensor output_reference(const Tensor& x) const { return output_.reference(x); }
+  // the output projection as a step runs it (tests, benchmarks)
+  Tensor output(const Tensor& x) const { return output_(x.contiguous()); }
 
  private:
   // fairseq's residual block: post-norm norm(x + f(x)), pre-norm x + f(norm(x))
@@ -434,5 +442,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<const Weights&, const Numbers&, const std::vector<Weights>&, const std::vector<Numbers>&,
                           int64_t>())
       .def("step", &Decoder::step, "one decoding step (see the C++ source)")
-      .def("output_reference", &Decoder::output_reference);
+      .def("output", &Decoder::output);
+  m.def("reduce_range", &reduce_range, "whether int8 products quantize their inputs to 7 bits (no VNNI)");
 }

@@ -5,7 +5,6 @@ import json
 import pytest
 
 from bench import decode, report
-from rfa_fairseq.onnx_step import available as onnx_runtime_available
 from rfa_test_utils import USER_DIR, multi30k_bin, multi30k_lm_bin, run_cli
 
 TINY = ["--size", "tiny", "--repeats", "1", "--batch", "2", "--beam", "2", "--threads", "1"]
@@ -126,7 +125,6 @@ def test_bad_checkpoint_flags_stop_with_an_error(argv, capsys):
 
 
 CT2 = importlib.util.find_spec("ctranslate2") is not None  # optional (setup.py's bench extra): its cases skip without it
-ONNX = onnx_runtime_available()  # optional (setup.py's onnx extra): the ONNX step's cases skip without it
 GENERATE = ["--beam", "4", "--batch-size", "2", "--max-len-a", "1.2", "--max-len-b", "5", "--required-batch-size-multiple",
             "1", "--cpu"]
 
@@ -206,18 +204,18 @@ def test_lm_generation_continues_every_prompt_by_exactly_each_length(lms, search
     rows = decode.main(["checkpoint", str(data), "--task", "language_modeling", "--lengths", "40", "5", "--prompts", "3",
                         "--prompt-tokens", "6", "--threads", "1", "--model", f"softmax={paths['softmax']}",
                         "--model", f"rfa_gate={paths['rfa_gate']}"]
-                       + ["--model", f"rfa_gate_onnx=onnx:{paths['rfa_gate']}", "--model",
-                          f"rfa_gate_int8=int8:{paths['rfa_gate']}"] * ONNX
+                       + ["--model", f"rfa_gate_compiled=compiled:{paths['rfa_gate']}", "--model",
+                          f"rfa_gate_int8=int8:{paths['rfa_gate']}"]
                        + ["--model", f"ct2=ct2:{paths['softmax']}:float32"] * CT2
                        + ["--", "--tokens-per-sample", "16", "--batch-size", "2", "--cpu"] + search)
-    models = ["softmax", "rfa_gate"] + ["rfa_gate_onnx", "rfa_gate_int8"] * ONNX + ["ct2"] * CT2
+    models = ["softmax", "rfa_gate", "rfa_gate_compiled", "rfa_gate_int8"] + ["ct2"] * CT2
     assert [(r["model"], r["length"]) for r in rows] == [(m, n) for m in models for n in (5, 40)]
     by = {(r["model"], r["length"]): r for r in rows}
     for r in rows:
         assert r["generated"] == [r["length"]] and r["tokens"] == 3 * r["length"] and r["sentences"] == 3
         assert r["ratio"] == pytest.approx(r["tokens_per_s"] / by[("softmax", r["length"])]["tokens_per_s"])
         assert r["peak_bytes"] > 0
-    assert [by[(m, 5)]["engine"] for m in models[:2 + 2 * ONNX]] == ["fairseq"] * 2 + ["fairseq onnx", "fairseq int8"] * ONNX
+    assert [by[(m, 5)]["engine"] for m in models[:4]] == ["fairseq"] * 2 + ["fairseq compiled", "fairseq int8"]
     if CT2 and "--sampling" not in search:  # greedy: CTranslate2 continues the prompts as fairseq does
         assert by[("ct2", 5)]["same_as_first"] == by[("ct2", 40)]["same_as_first"] == 1.0
 
@@ -259,6 +257,6 @@ def test_documents_mode_reads_documents_whose_source_grows_with_the_output():
 
 
 def test_a_checkpoint_specs_forms_are_read_in_any_order():
-    assert decode.model_spec(f"a=int8:onnx:{__file__}") == ("a", __file__, None, ("int8", "onnx"))
-    assert decode.model_spec(f"a=onnx:{__file__}")[3] == ("onnx",) and decode.model_spec(f"a={__file__}")[3] == ()
-    assert decode.model_spec(f"a=fairseq:onnx:{__file__}")[3] == ("fairseq", "onnx")
+    assert decode.model_spec(f"a=int8:compiled:{__file__}") == ("a", __file__, None, ("int8", "compiled"))
+    assert decode.model_spec(f"a=compiled:{__file__}")[3] == ("compiled",) and decode.model_spec(f"a={__file__}")[3] == ()
+    assert decode.model_spec(f"a=fairseq:compiled:{__file__}")[3] == ("fairseq", "compiled")

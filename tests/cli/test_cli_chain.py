@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from rfa_fairseq.cli import redraw_features
-from rfa_fairseq.onnx_step import available as onnx_runtime_available
 from rfa_test_utils import BIN, REPO, USER_DIR, head_gz, multi30k_bin, run_cli
 
 TINY = ["--encoder-layers", "1", "--decoder-layers", "2", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
@@ -59,13 +58,11 @@ def test_translation_train_generate_resume(mt_data):
     assert len(hyps) == 12
     assert re.search(r"Translated 12 sentences", out)
 
-    # the ONNX step in int8, asked for at generation time (without onnxruntime: a warning and eager steps)
+    # the compiled step in int8, asked for at generation time
     out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
                   "--beam", "4", "--max-len-b", "12", "--batch-size", "5", "--required-batch-size-multiple", "1", "--cpu",
                   "--model-overrides", "{'int8_inference': True, 'int8_min_weights': 0}")
     assert "Translated 12 sentences" in out
-    if not onnx_runtime_available():
-        assert "decoding steps run eagerly" in out
 
     # --cuda-graphs asked for at generation time: on the CPU the steps run eagerly, the same hypotheses
     out = run_cli("fairseq-generate", mt_data / "bin", "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",

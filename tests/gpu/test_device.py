@@ -129,7 +129,7 @@ def test_beam_search_replayed_as_cuda_graphs_equals_eager(translation_model, ext
     rfa_test_utils.fx_capture) gives the eager hypotheses; sentences finish at different steps, so graphs
     are captured for several batch sizes and state layouts."""
     from fairseq.sequence_generator import SequenceGenerator
-    from rfa_fairseq.step_graphs import StepGraphs
+    from rfa_fairseq.engines.step_graphs import StepGraphs
     from rfa_test_utils import emulate_cuda_graphs
 
     task, model = translation_model(*extra, rfa_flags="--cross-attention" not in extra)

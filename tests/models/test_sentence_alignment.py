@@ -92,20 +92,17 @@ def test_a_step_forbids_what_the_naive_count_says_and_keeps_the_other_scores(doc
 
 
 @pytest.mark.parametrize("extra", DECODERS)
-@pytest.mark.parametrize("engine", ["eager", "onnx"])
-def test_beam_search_writes_one_sentence_per_source_sentence(documents_model, extra, engine, tmp_path, monkeypatch):
-    if engine == "onnx":
-        if "softmax" in extra and "--decoder-attention" in extra:
-            pytest.skip("the ONNX step is RFA's")
-        pytest.importorskip("onnxruntime")
-        monkeypatch.setenv("RFA_ONNX_CACHE", str(tmp_path / "onnx"))
+@pytest.mark.parametrize("engine", ["eager", "compiled"])
+def test_beam_search_writes_one_sentence_per_source_sentence(documents_model, extra, engine):
+    if engine == "compiled" and "softmax" in extra and "--decoder-attention" in extra:
+        pytest.skip("the compiled step is RFA's")
     task, model, sep = documents_model("--sentence-index", *extra)
     eos = task.target_dictionary.eos()
     with torch.no_grad():  # a model that ends early and opens sentences often
         model.decoder.output_projection.weight[eos] *= 4.0
         model.decoder.output_projection.weight[sep] *= 3.0
-    if engine == "onnx":
-        to_decoding_form_(model, onnx_runtime=True)
+    if engine == "compiled":
+        to_decoding_form_(model, compiled_step=True)
     sentences = [4, 1, 2, 6]
     src, lengths = _documents(task, sep, sentences)
     gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=200)

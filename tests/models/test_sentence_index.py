@@ -4,7 +4,7 @@ import torch
 from fairseq.sequence_generator import SequenceGenerator
 
 from rfa_fairseq.models.sentence_index import sentence_embedding, sentence_numbers
-from rfa_fairseq.step_graphs import StepGraphs
+from rfa_fairseq.engines.step_graphs import StepGraphs
 
 from rfa_test_utils import emulate_cuda_graphs, fx_capture, random_tokens
 

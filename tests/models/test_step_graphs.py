@@ -14,7 +14,7 @@ from fairseq.sequence_generator import SequenceGenerator
 
 from rfa_fairseq.inference import to_decoding_form_
 from rfa_fairseq.ops.causal_rfa import fused
-from rfa_fairseq.step_graphs import StepGraphs
+from rfa_fairseq.engines.step_graphs import StepGraphs
 
 from rfa_test_utils import emulate_cuda_graphs, fx_capture, random_tokens
 

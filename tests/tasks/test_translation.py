@@ -74,13 +74,11 @@ def test_same_hypotheses_where_sentences_reach_their_length_limit(documents_mode
     assert [h["tokens"].tolist() for n in got for h in n] != [h["tokens"].tolist() for n in free for h in n]
 
 
-def test_same_hypotheses_with_the_onnx_step(documents_model, tmp_path, monkeypatch):
-    pytest.importorskip("onnxruntime")
-    monkeypatch.setenv("RFA_ONNX_CACHE", str(tmp_path / "onnx"))
+def test_same_hypotheses_with_the_compiled_step(documents_model):
     task, model, sep = documents_model("--rfa-gate", "--sentence-index")
     with torch.no_grad():
         model.decoder.output_projection.weight[task.target_dictionary.eos()] *= 3.0
-    to_decoding_form_(model, onnx_runtime=True)
+    to_decoding_form_(model, compiled_step=True)
     sample = _sample(task, sep, batch=3)
     with torch.no_grad():
         want = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30).forward(sample)
