@@ -136,10 +136,10 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         extra = net_output[1] if len(net_output) > 1 else None
         if isinstance(extra, dict) and "forbid_eos" in extra:
             last, zero = probs[:, -1], float("-inf") if log_probs else 0.0
-            if extra["end"].any():
-                end = torch.where(extra["forbid_eos"], self.sentence_separator, self.dictionary.eos())[:, None]
-                keep = last.gather(1, end)
-                last.masked_fill_(extra["end"][:, None], zero).scatter_(1, end, keep)
+            # rows that must end: all at -inf but the ending (rows that need not: the ending written back as it was)
+            end = torch.where(extra["forbid_eos"], self.sentence_separator, self.dictionary.eos())[:, None]
+            keep = last.gather(1, end)
+            last.masked_fill_(extra["end"][:, None], zero).scatter_(1, end, keep)
             last[:, self.dictionary.eos()].masked_fill_(
                 extra["forbid_eos"], FORBIDDEN_EOS if log_probs else math.exp(FORBIDDEN_EOS))
             last[:, self.sentence_separator].masked_fill_(extra["forbid_sep"], zero)
