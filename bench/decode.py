@@ -111,8 +111,7 @@ class Contender:  # one synthetic model (random weights, seed 0), its fixed inpu
             "--task", "language_modeling", "--share-decoder-input-output-embed", "--tokens-per-sample", str(n)]
         self.model, self.task, _ = harness.build_model([data_dir, "--dropout", "0"] + flags)
         self.model = self.model.eval().to(args.device)
-        m = self.model
-        if any(getattr(m, flag, False) for flag in ("cuda_graphs", "int8_inference", "compiled_step")):
+        if hasattr(m := self.model, "compiled_step"):  # the plugin's models: the step engine their flags name
             to_decoding_form_(m, m.int8_inference, m.cuda_graphs, m.int8_min_weights, m.compiled_step)
         forward = self.model.decoder.forward
 
@@ -293,8 +292,8 @@ def decode_checkpoint(model, argv, args, do_profile):
     batches = [utils.move_to_cuda(b) if cuda else b for b in batches[:args.max_batches]]
     parts, device = [], "cuda" if cuda else "cpu"  # (length or None, seconds, peak, outputs by id, growth)
     with torch.no_grad():
-        if not lm:  # an untimed warm-up batch, lest one-time costs land in the first bucket; the ONNX step's export or
-            translate(batches[0])  # load in it is counted in the first batch (setup: to count, counted)
+        if not lm:  # an untimed warm-up batch, lest one-time costs land in the first bucket; the compiled step's load
+            translate(batches[0])  # and packing are counted in the first batch (setup: to count, counted)
         setup = [0.0 if ct2 or lm else getattr(getattr(net.decoder, "step_engine", None), "setup_seconds", 0.0)] * 2
         for n in sorted(args.lengths) if lm else [None]:
             for i, b in enumerate(batches):
