@@ -19,11 +19,13 @@ DOCUMENTS = GATE_SOFTMAX_CROSS + ["--sentence-index", "--cross-sentence-window",
 MODELS = [pytest.param(["--cross-attention", "rfa", "--rfa-gate"], 5.0, id="rfa-cross"),  # with </s>'s scale
           pytest.param(GATE_SOFTMAX_CROSS, 2.0, id="softmax-cross"),
           pytest.param(DOCUMENTS, 2.0, id="documents-window")]
-# the layer's other forms, each against the eager step: no gate, the decay gate, pre-norm with gelu, odd sizes
+# the layer's other forms, each against the eager step: no gate, the decay gate, pre-norm with gelu, learned positions
+# with a norm of the embeddings, odd sizes
 FORMS = [pytest.param(DOCUMENTS, id="documents-window"),
          pytest.param(["--cross-attention", "rfa"], id="ungated-rfa-cross"),
          pytest.param(GATE_SOFTMAX_CROSS + ["--rfa-gate-form", "decay"], id="decay-gate"),
          pytest.param(GATE_SOFTMAX_CROSS + ["--decoder-normalize-before", "--activation-fn", "gelu"], id="prenorm-gelu"),
+         pytest.param(GATE_SOFTMAX_CROSS + ["--decoder-learned-pos", "--layernorm-embedding"], id="learned-pos-embed-norm"),
          pytest.param(["--cross-attention", "rfa", "--rfa-gate", "--decoder-embed-dim", "30",
                        "--decoder-attention-heads", "3", "--rfa-causal-feature-dim", "7",
                        "--rfa-cross-feature-dim", "5"], id="odd-sizes")]
@@ -174,7 +176,7 @@ def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
     assert 0 < error.mean() < 0.02 and error.max() < 0.2, (error.mean(), error.max())
 
 
-def test_steps_under_autograd_run_eagerly_and_bad_models_are_refused(model_pair, translation_model):
+def test_steps_under_autograd_run_eagerly_and_bad_models_are_refused(model_pair, translation_model, lm_model):
     task, eager, engine, sep = model_pair(*GATE_SOFTMAX_CROSS)
     step_engine = _counted(engine)
     with torch.enable_grad():
@@ -191,3 +193,6 @@ def test_steps_under_autograd_run_eagerly_and_bad_models_are_refused(model_pair,
     _, softmax = translation_model("--decoder-attention", "softmax", rfa_flags=False)
     with pytest.raises(ValueError, match="RFA decoder"):
         to_decoding_form_(softmax.eval(), compiled_step=True)
+    _, adaptive = lm_model("--rfa-gate", "--adaptive-softmax-cutoff", "20,40")
+    with pytest.raises(ValueError, match="adaptive_softmax is not compiled"):
+        to_decoding_form_(adaptive.eval(), compiled_step=True)
