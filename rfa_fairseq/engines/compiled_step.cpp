@@ -75,8 +75,10 @@ bool reduce_range() {
 }
 
 // A product by a weight matrix [N, C] and its bias [N] (or none): float32, or int8 weights by fbgemm (torch's
-// quantized::linear_prepack and its dynamic product: the weight per output and the input per call quantized to 8 bits,
-// int32 sums), packed once here.
+// quantized::linear_prepack, packed once, and its dynamic product: the weight per output and the input per call
+// quantized to 8 bits, int32 sums). fbgemm gives the whole input one scale and zero point, from its range: each row is
+// divided by its largest magnitude (its outputs multiplied back) and a row [1, -1, 0, ...] fixes the range at [-1, 1],
+// so that a row's outputs do not depend on the other rows (another sentence of the batch, another beam).
 struct Linear {
   Tensor w, b;  // float32 [N, C], [N]; w undefined where int8
   c10::intrusive_ptr<LinearPackedParamsBase> packed;
@@ -87,14 +89,22 @@ struct Linear {
         .typed<c10::intrusive_ptr<LinearPackedParamsBase>(Tensor, std::optional<Tensor>)>();
     Tensor scale = w.abs().amax(1).div(127.0).clamp_min(1e-12).to(torch::kDouble);
     Tensor zero = at::zeros({w.size(0)}, w.options().dtype(torch::kLong));
-    packed = prepack.call(at::quantize_per_channel(w, scale, zero, 0, at::kQInt8),
-                          b.defined() ? std::optional<Tensor>(b) : std::nullopt);
+    packed = prepack.call(at::quantize_per_channel(w, scale, zero, 0, at::kQInt8), std::nullopt);
     w = Tensor();  // only the packed copy is read
   }
   bool defined() const { return w.defined() || packed; }
   Tensor operator()(const Tensor& x) const {  // [R, C] -> [R, N]
     TORCH_CHECK(x.is_contiguous(), "compiled step: a product of a strided input");
-    if (packed) return packed->apply_dynamic(x, reduce_range());
+    if (packed) {
+      const int64_t R = x.size(0);
+      TORCH_CHECK(x.size(1) > 1, "compiled step: an int8 product of one input");
+      Tensor rows = x.abs().amax(1, true).clamp_min_(1e-30f);  // [R, 1]
+      Tensor scaled = at::zeros({R + 1, x.size(1)}, x.options());
+      scaled.narrow(0, 0, R).copy_(x.div(rows));
+      scaled[R][0] = 1.f, scaled[R][1] = -1.f;
+      Tensor y = packed->apply_dynamic(scaled, reduce_range()).narrow(0, 0, R).mul_(rows);
+      return b.defined() ? y.add_(b) : y;
+    }
     if (x.size(0) > FEW_ROWS) return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
     Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
     float_product(x.data_ptr<float>(), x.size(0), x.size(1), w.data_ptr<float>(),

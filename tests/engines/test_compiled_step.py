@@ -158,18 +158,24 @@ def test_a_language_models_steps_equal_eager(lm_model):
 
 
 def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
-    """fbgemm's product against its arithmetic in float64 (the weight per output, the input per call quantized);
-    the int8 step's scores near float32's."""
+    """fbgemm's product against its arithmetic in float64 (the weight per output, the input per call quantized, each
+    row divided by its largest magnitude first: a row's outputs do not depend on the other rows); the int8 step's
+    scores near float32's."""
     task, eager, engine, sep = model_pair(*DOCUMENTS, int8=True)
     weight = eager.decoder.output_projection.weight.detach().double()
-    x = torch.randn(5, weight.size(1))
-    scale = weight.abs().amax(1, keepdim=True) / 127
+    x = torch.randn(5, weight.size(1)) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 0.1])[:, None]
+    scale, rows = weight.abs().amax(1, keepdim=True) / 127, x.abs().amax(1, keepdim=True)
     reduce = compiled.load().reduce_range()
-    x8 = torch.quantize_per_tensor_dynamic(x, torch.quint8, reduce_range=reduce).dequantize().double()
-    reference = x8 @ ((weight / scale).round() * scale).t()
-    got = engine.decoder.step_engine.engine.output(x)
-    torch.testing.assert_close(got.double(), reference, rtol=1e-5, atol=1e-5)
+    fixed = torch.zeros(1, x.size(1))  # the row that fixes the input's range at [-1, 1]
+    fixed[0, :2] = torch.tensor([1.0, -1.0])
+    x8 = torch.quantize_per_tensor_dynamic(torch.cat([x / rows, fixed]), torch.quint8, reduce_range=reduce)
+    x8 = x8.dequantize().double()[:-1]
+    reference = rows.double() * (x8 @ ((weight / scale).round() * scale).t())
+    product = engine.decoder.step_engine.engine.output
+    got = product(x)
+    torch.testing.assert_close(got.double(), reference, rtol=1e-5, atol=1e-5 * reference.abs().max().item())
     assert (got.double() - x.double() @ weight.t()).abs().max() > 1e-4  # int8: not float32's product
+    torch.testing.assert_close(product(x[:1]), got[:1], rtol=0, atol=0)  # a row alone as among others
     sample = _sample(task, sep)
     (scores, _), (int8_scores, _) = _steps(eager, task, sample, sep), _steps(engine, task, sample, sep)
     error = torch.cat([(a - b).abs().flatten() for a, b in zip(scores[1:], int8_scores[1:])])
