@@ -96,14 +96,26 @@ struct Linear {
   Tensor operator()(const Tensor& x) const {  // [R, C] -> [R, N]
     TORCH_CHECK(x.is_contiguous(), "compiled step: a product of a strided input");
     if (packed) {
-      const int64_t R = x.size(0);
-      TORCH_CHECK(x.size(1) > 1, "compiled step: an int8 product of one input");
-      Tensor rows = x.abs().amax(1, true).clamp_min_(1e-30f);  // [R, 1]
-      Tensor scaled = at::zeros({R + 1, x.size(1)}, x.options());
-      scaled.narrow(0, 0, R).copy_(x.div(rows));
-      scaled[R][0] = 1.f, scaled[R][1] = -1.f;
-      Tensor y = packed->apply_dynamic(scaled, reduce_range()).narrow(0, 0, R).mul_(rows);
-      return b.defined() ? y.add_(b) : y;
+      const int64_t R = x.size(0), C = x.size(1);
+      TORCH_CHECK(C > 1, "compiled step: an int8 product of one input");
+      Tensor scaled = at::zeros({R + 1, C}, x.options());
+      std::vector<float> largest(R);
+      const float* in = x.data_ptr<float>();
+      float* out = scaled.data_ptr<float>();
+      for (int64_t r = 0; r < R; ++r) {
+        float m = 0.f;
+        for (int64_t c = 0; c < C; ++c) m = std::max(m, std::fabs(in[r * C + c]));
+        largest[r] = std::max(m, 1e-30f);
+        for (int64_t c = 0; c < C; ++c) out[r * C + c] = in[r * C + c] / largest[r];
+      }
+      out[R * C] = 1.f, out[R * C + 1] = -1.f;
+      Tensor y = packed->apply_dynamic(scaled, reduce_range());
+      const int64_t N = y.size(1);
+      float* p = y.data_ptr<float>();
+      const float* bias = b.defined() ? b.data_ptr<float>() : nullptr;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t n = 0; n < N; ++n) p[r * N + n] = p[r * N + n] * largest[r] + (bias ? bias[n] : 0.f);
+      return y.narrow(0, 0, R);
     }
     if (x.size(0) > FEW_ROWS) return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
     Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
