@@ -169,6 +169,8 @@ class CompiledStep:
             return [saved["window_kv"], saved["window_spans"].contiguous()]
         if saved.get("prev_key") is None:
             return None
-        mask = saved.get("prev_key_padding_mask")
-        keys = [saved["prev_key"].contiguous(), saved["prev_value"].contiguous()]
+        for name in ("prev_key", "prev_value"):  # fairseq caches a transposed view: copied once, kept in the cache
+            if not saved[name].is_contiguous():
+                saved[name] = saved[name].contiguous()
+        keys, mask = [saved["prev_key"], saved["prev_value"]], saved.get("prev_key_padding_mask")
         return keys if mask is None else keys + [mask.bool().contiguous()]

@@ -167,9 +167,9 @@ Tensor gaussian_features(const Tensor& x, const Tensor& projection) {
   float* pa = angles.data_ptr<float>();
   const float half_pi = static_cast<float>(M_PI / 2);
   for (int64_t i = 0; i < R * H; ++i) {
-    const float* u = px + i * K;
-    const float* w = pw + (i % H) * K * D;
-    float* a = pa + i * 2 * D;
+    const float* __restrict__ u = px + i * K;
+    const float* __restrict__ w = pw + (i % H) * K * D;
+    float* __restrict__ a = pa + i * 2 * D;
     float norm = 0.f;
     for (int64_t k = 0; k < K; ++k) norm += u[k] * u[k];
     const float scale = 1.f / (std::sqrt(norm) + 1e-6f);
