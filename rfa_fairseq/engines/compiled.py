@@ -12,7 +12,6 @@ The beam's reorder is folded into the step as in :mod:`ops.causal_rfa.fused`: ea
 into the spare buffer beside it. A step the engine does not run (the first, autograd, another device or dtype) runs
 eagerly; a model it cannot run (another feature map, adaptive softmax, fairseq's optional scalings) is refused when the
 engine is made, naming what it lacks."""
-import logging
 import time
 from pathlib import Path
 from typing import Optional
@@ -24,7 +23,6 @@ from torch import Tensor, nn
 from ..extensions import build
 from ..modules import CausalRFAttention, CrossRFAttention, SoftmaxCrossAttention
 
-logger = logging.getLogger(__name__)
 # the kinds of cross attention, as compiled_step.cpp numbers them
 SOFTMAX, WINDOW, RFA = 0, 1, 2
 
@@ -110,7 +108,7 @@ class CompiledStep:
         self.decoder, self.op, self.int8, self.int8_min_weights = decoder, load(), int8, int8_min_weights
         self.layers = list(decoder.layers)
         self.engine = None if self.op is None else self._build(int8, int8_min_weights)
-        self.setup_seconds = time.perf_counter() - start  # building the extension (first use on a machine) or loading it
+        self.setup_seconds = time.perf_counter() - start  # loading (first on a machine: building) the C++, packing
 
     def _build(self, int8: bool, int8_min_weights: int):
         d, weights = self.decoder, {}

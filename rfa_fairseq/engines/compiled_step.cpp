@@ -1,4 +1,4 @@
-// An RFA decoder's decoding step as compiled layers (float32 on the CPU, C++ through torch's extension API): one call
+// An RFA decoder's decoding step as compiled layers (on the CPU, C++ through torch's extension API): one call
 // runs the whole step, the token embedding to the output scores. Each block is the fused form of one module's step,
 // and that module is its reference (tests/engines/test_compiled_step.py):
 //   causal RFA (CausalRFAttention._step): one product for q, k, v and the gate; then per row and head one pass that
