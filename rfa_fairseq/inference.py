@@ -10,8 +10,8 @@ from .engines.compiled import CompiledStep
 from .engines.step_graphs import StepGraphs
 from .validation import flag, non_negative_int
 
-# Under --int8-inference the products by weight matrices of at least this many numbers take int8 weights: on the CPUs
-# measured every product of the trained models' step pays (docs/benchmarks.md#the-compiled-step---compiled-step).
+# Under --int8-inference the products by weight matrices of at least this many numbers take int8 weights: all of them
+# (docs/benchmarks.md#the-compiled-step---compiled-step-and-the-fused-op).
 INT8_MIN_WEIGHTS = 0
 
 
