@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Documents through fairseq-interactive: plain text in (a sentence a line, a blank line between documents), one
+# Documents through fairseq-interactive: plain text in (a sentence a line, blank lines between documents), one
 # translated line per source line out, as rfa-translate-documents writes it (recipes/README.md, "Translating documents").
 #
 #   bash recipes/tools/interactive_documents.sh DATA_BIN CKPT SPM_MODEL IN OUT [fairseq-interactive flags]
@@ -22,15 +22,16 @@ python - "$SPM" "$IN" > "$OUT.docs" <<'PY'
 import sys, sentencepiece
 from rfa_fairseq.cli.translate_documents import encode, read_documents
 spm = sentencepiece.SentencePieceProcessor(model_file=sys.argv[1])
-print("\n".join(encode(spm, d.sentences) for d in read_documents([sys.argv[2]])[0]))
+print("\n".join(encode(spm, d.sentences) for d in read_documents([sys.argv[2]])[0].documents))
 PY
 fairseq-interactive "$DATA" --user-dir "$ROOT/rfa_fairseq" --path "$CKPT" --input "$OUT.docs" \
   --task rfa_translation --beam 4 --max-len-a 1.2 --max-len-b 10 "$@" > "$OUT.log"
 python - "$SPM" "$IN" "$OUT.log" "$OUT" <<'PY'
 import sys, sentencepiece
-from rfa_fairseq.cli.translate_documents import lines_of, read_documents
+from rfa_fairseq.cli.translate_documents import layout, lines_of, read_documents
 spm_model, source, log, out = sys.argv[1:]
-spm, docs = sentencepiece.SentencePieceProcessor(model_file=spm_model), read_documents([source])[0]
+spm, found = sentencepiece.SentencePieceProcessor(model_file=spm_model), read_documents([source])[0]
+docs = found.documents
 hypotheses = {}
 for line in open(log, encoding="utf-8"):
     if line.startswith("H-"):  # H-<document>, score, the best hypothesis
@@ -39,5 +40,5 @@ for line in open(log, encoding="utf-8"):
 if sorted(hypotheses) != list(range(len(docs))):
     sys.exit(f"{log}: translations of {len(hypotheses)} of the {len(docs)} documents of {source}")
 lines = [lines_of(d, hypotheses[i], spm, source)[0] for i, d in enumerate(docs)]
-open(out, "w", encoding="utf-8").write("\n\n".join("\n".join(d) for d in lines) + "\n")
+open(out, "w", encoding="utf-8").write(layout(found, lines))
 PY

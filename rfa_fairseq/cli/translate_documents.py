@@ -3,14 +3,15 @@ per source line.
 
     rfa-translate-documents DATA_BIN --path ckpt.pt --sentencepiece-model spm.model --documents docs.de --output docs.en
 
-A sentence a line, a blank line between documents (a file without blank lines is one document); with several
-``--documents`` files ``--output`` is a folder that gets a file of each one's name. Documents are encoded as the model
-was trained (``scripts/make_documents.py``: sentencepiece pieces, the sentences joined by ``<sep>``), batched by length
-(``--batch-size``, ``--max-tokens``) and translated by fairseq's generator with its flags (``--beam``, ``--lenpen``,
-``--cpu``, ``--model-overrides``...; ``--max-len-a`` 1.2 and ``--max-len-b`` 10 by default here). Sentence-aligned
-decoding gives each document one sentence per source sentence, 0.5 x to 2 x its source's subwords + 10; where it
-does not (fairseq's length limit, or the alignment turned off) the missing lines are left empty or the extra sentences
-join the last line, with a warning naming it."""
+A sentence a line, blank lines between documents (a file without blank lines is one document); the output has a line
+for each input line, the blank ones where they were. With several ``--documents`` files ``--output`` is a folder that
+gets a file of each one's name. Documents are encoded as the model was trained (``scripts/make_documents.py``:
+sentencepiece pieces, the sentences joined by ``<sep>``), batched by length (``--batch-size``, ``--max-tokens``) and
+translated by fairseq's generator with its flags (``--beam``, ``--lenpen``, ``--cpu``, ``--model-overrides``...;
+``--max-len-a`` 1.2 and ``--max-len-b`` 10 by default here). Sentence-aligned decoding gives each document one
+sentence per source sentence, 0.5 x to 2 x its source's subwords + 10; where it does not (fairseq's length limit, or
+the alignment turned off) the missing lines are left empty or the extra sentences join the last line, with a warning
+naming it."""
 import logging
 import os
 import sys
@@ -29,26 +30,40 @@ class Document(NamedTuple):
     sentences: List[str]
 
 
-def read_documents(paths: List[str]) -> List[List[Document]]:
-    """Each input's documents: runs of non-blank lines, one blank line between them. ValueError names an empty
-    document (an empty file, blank lines in a row, at the start or at the end) and a sentence with the separator."""
+class Source(NamedTuple):
+    documents: List[Document]
+    lines: int  # the file's lines, blank ones included: its translation has as many
+
+
+def read_documents(paths: List[str]) -> List[Source]:
+    """Each input's documents: runs of non-blank lines, separated by one blank line or more (blank lines at the start
+    or the end are kept as they are). ValueError names a file without a document and a sentence with the separator."""
     found = []
     for i, path in enumerate(paths):
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-        docs, start = [], 0
-        for n, line in enumerate(lines + [""], start=1):
-            if line.strip():
-                if SEPARATOR in line.split():
-                    raise ValueError(f"{path}:{n}: the sentence holds {SEPARATOR}, the documents' separator")
+        lines = Path(path).read_text(encoding="utf-8-sig").splitlines()
+        docs = []
+        for n, line in enumerate(lines, start=1):
+            if not line.strip():
                 continue
-            if n - 1 == start:
-                where = "the file is empty" if not lines else (
-                    f"line {n} is blank at the start" if n == 1 else f"line {n} is blank after a blank line or at the end")
-                raise ValueError(f"{path}: an empty document ({where}): one blank line between documents, none around")
-            docs.append(Document(i, start + 1, [s.strip() for s in lines[start:n - 1]]))
-            start = n
-        found.append(docs)
+            if SEPARATOR in line.split():
+                raise ValueError(f"{path}:{n}: the sentence holds {SEPARATOR}, the documents' separator")
+            if n == 1 or not lines[n - 2].strip():  # the first line of a document
+                docs.append(Document(i, n, []))
+            docs[-1].sentences.append(line.strip())
+        if not docs:
+            raise ValueError(f"{path}: no document to translate (the file is {'blank' if lines else 'empty'})")
+        found.append(Source(docs, len(lines)))
     return found
+
+
+def layout(source: Source, translations: List[List[str]]) -> str:
+    """The translated file: each document's lines (``lines_of``) where its source's are, blank lines where the source
+    has them, one line for each of the source's lines."""
+    out = [""] * source.lines
+    for doc, sentences in zip(source.documents, translations, strict=True):
+        assert len(sentences) == len(doc.sentences), "lines_of gives a line for each source sentence"
+        out[doc.first_line - 1:doc.first_line - 1 + len(sentences)] = sentences
+    return "".join(line + "\n" for line in out)
 
 
 def encode(spm, sentences: List[str]) -> str:
@@ -98,7 +113,7 @@ def translate(args):
         raise FileNotFoundError(f"--sentencepiece-model {args.sentencepiece_model}: no such file")
     if len(args.documents) > 1 and os.path.isfile(args.output):
         raise ValueError(f"--output {args.output}: with several --documents files, --output is a folder")
-    inputs = read_documents(args.documents)
+    sources = read_documents(args.documents)
     cfg = convert_namespace_to_omegaconf(args)
     utils.import_user_module(cfg.common)
     task = tasks.setup_task(cfg.task)
@@ -115,7 +130,7 @@ def translate(args):
             model.cuda()
     limit = utils.resolve_max_positions(task.max_positions(), *[m.max_positions() for m in models])[0]
     spm = sentencepiece.SentencePieceProcessor(model_file=args.sentencepiece_model)
-    docs = [d for file_docs in inputs for d in file_docs]
+    docs = [d for source in sources for d in source.documents]
     tokens = []
     for d in docs:
         tokens.append(src_dict.encode_line(encode(spm, d.sentences), add_if_not_exist=False, append_eos=True).long())
@@ -143,17 +158,16 @@ def translate(args):
             for i, nbest in zip(batch, hypos):
                 translated[i] = tgt_dict.string(nbest[0]["tokens"].int().cpu())
             bar.update(len(batch))
-    misaligned = 0
-    outputs = [[] for _ in args.documents]  # each file's documents, their lines joined
+    misaligned, lines = 0, [[] for _ in args.documents]  # each file's documents' lines
     for d, text in zip(docs, translated):
         sentences, aligned = lines_of(d, text, spm, args.documents[d.file])
         misaligned += not aligned
-        outputs[d.file].append("\n".join(sentences))
+        lines[d.file].append(sentences)
     paths = [args.output] if len(args.documents) == 1 else [os.path.join(args.output, os.path.basename(p)) for p in args.documents]
     if len(args.documents) > 1:
         os.makedirs(args.output, exist_ok=True)
-    for path, file_docs in zip(paths, outputs):  # a blank line between documents
-        Path(path).write_text("\n\n".join(file_docs) + "\n", encoding="utf-8")
+    for path, source, file_lines in zip(paths, sources, lines):
+        Path(path).write_text(layout(source, file_lines), encoding="utf-8")
     logger.info("%d documents, %d sentences translated into %s%s", len(docs), sum(len(d.sentences) for d in docs),
                 args.output, f"; {misaligned} not sentence-aligned" if misaligned else "")
 

@@ -1,6 +1,7 @@
 """rfa-translate-documents: plain-text documents in, one translated line per source line out (blank lines where the
 input has them, every document whole), whatever the batching; each bad input stops with a message that names it."""
 import random
+import re
 
 import pytest
 import sentencepiece
@@ -76,12 +77,28 @@ def test_without_the_alignment_no_sentence_is_lost(document_model, tmp_path, cap
     assert "sentences translated for" in caplog.text
 
 
+def test_blank_lines_as_people_write_them_come_back_where_they_were(document_model, tmp_path):
+    """Runs of blank lines between documents, blank lines at the start and the end (one holding spaces), CRLF and a
+    byte-order mark: as many lines out as in, blank where the input's are, each document as it is alone."""
+    docs = _documents(tmp_path / "plain.de", [2, 3, 1])
+    blank = ["", "  "]
+    lines = blank + docs[0] + blank * 2 + docs[1] + [""] + docs[2] + blank
+    (tmp_path / "messy.de").write_bytes(("\ufeff" + "\r\n".join(lines) + "\r\n").encode("utf-8"))
+    fixed = ["--max-len-a", "0", "--max-len-b", "40"]
+    translate(document_model, [tmp_path / "plain.de"], tmp_path / "plain.en", *fixed)
+    translate(document_model, [tmp_path / "messy.de"], tmp_path / "messy.en", *fixed)
+    out = (tmp_path / "messy.en").read_text(encoding="utf-8").splitlines()
+    assert len(out) == len(lines) and all(out[i] == "" for i, line in enumerate(lines) if not line.strip())
+    assert [line for line in out if line] == [line for line in (tmp_path / "plain.en").read_text().splitlines() if line]
+    assert [d.sentences for d in read_documents([str(tmp_path / "messy.de")])[0].documents] == docs
+
+
 @pytest.mark.parametrize("text,message", [
-    ("a b\n\n\nc d\n", "empty document"), ("\na b\n", "empty document"), ("", "the file is empty"),
-    ("a <sep> b\n", "holds <sep>")])
+    ("", "no document to translate (the file is empty)"), ("\n \n\n", "(the file is blank)"),
+    ("a b\nc <sep> d\n", "in.de:2: the sentence holds <sep>")])
 def test_bad_documents_are_named(tmp_path, text, message):
     (tmp_path / "in.de").write_text(text)
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         read_documents([str(tmp_path / "in.de")])
 
 
@@ -91,7 +108,7 @@ def test_bad_inputs_stop_with_a_message(document_model, tmp_path, capsys):
     cases = [([tmp_path / "long.de"], [], "at most 128"),
              ([tmp_path / "ok.de"], ["--sentencepiece-model", str(tmp_path / "missing.model")], "no such file"),
              ([tmp_path / "in.de"], [], "in.de")]
-    (tmp_path / "in.de").write_text("a\n\n\n")
+    (tmp_path / "in.de").write_text("\n\n")
     for inputs, extra, message in cases:
         with pytest.raises(SystemExit):
             translate(document_model, inputs, tmp_path / "out.en", *extra)
