@@ -9,8 +9,9 @@ The modules stay the model and each block's reference (tests/engines/test_compil
 
 The beam's reorder is folded into the step as in :mod:`ops.causal_rfa.fused`: each causal layer defers ``new_order``
 (``parents`` in its buffer) and the step gathers the parents' rows as it reads the state, writing the advanced state
-into the spare buffer beside it. A step the engine does not run (the first, autograd, another device or dtype) runs
-eagerly; a model it cannot run (another feature map, adaptive softmax, fairseq's optional scalings) is refused when the
+into the spare buffer beside it. The first step starts each causal state at zero and has each cross attention cache
+its source as the module does in its first step (:meth:`CompiledStep._first_step`). A step the engine does not run
+(autograd, another device or dtype) runs eagerly; a model it cannot run (another feature map, adaptive softmax, fairseq's optional scalings) is refused when the
 engine is made, naming what it lacks."""
 import time
 from pathlib import Path
@@ -129,6 +130,8 @@ class CompiledStep:
         rows = tokens.size(0)
         if self.engine is None or torch.is_grad_enabled() or tokens.device.type != "cpu":
             return None
+        if not incremental_state:
+            self._first_step(rows, encoder_out, incremental_state)
         states, spares, caches, parents = [], [], [], None
         for layer in self.layers:
             buffer = layer.self_attn._get_input_buffer(incremental_state)
@@ -154,6 +157,24 @@ class CompiledStep:
         table = d._position_table() if d.embed_positions is not None else None
         parents = torch.arange(rows) if parents is None else parents
         return self.engine.step(tokens[:, 0], position, table, sentence, parents, states, spares, caches)[:, None]
+
+    def _first_step(self, rows: int, encoder_out, incremental_state):
+        """The caches the first step reads: each causal state at zero (as the eager first step starts it), each cross
+        attention's source cache made by the module itself, called as the layer calls it (its output for a query of
+        zeros unused)."""
+        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+        source_mask = None
+        if enc is not None:
+            source_mask = encoder_out["encoder_padding_mask"][0] if encoder_out["encoder_padding_mask"] else None
+            if self.decoder.cross_sentence_window >= 0:  # the windows of the first target sentence's rows
+                source_mask = self.decoder.sentence_window(encoder_out, enc.new_zeros(rows, 1, dtype=torch.long))
+        for layer in self.layers:
+            attn, features = layer.self_attn, layer.self_attn.feature_map
+            attn._set_input_buffer(incremental_state, {"state": torch.zeros(
+                rows, features.num_heads, features.output_dim, features.head_dim + 1)})
+            if layer.encoder_attn is not None and enc is not None:
+                layer.encoder_attn(enc.new_zeros(1, rows, layer.embed_dim), enc, enc, key_padding_mask=source_mask,
+                                   incremental_state=incremental_state, static_kv=True, need_weights=False)
 
     @staticmethod
     def _cache(cross, incremental_state, encoder_out):

@@ -56,7 +56,7 @@ class StepGraphs:
     def __call__(self, tokens: Tensor, position: int, encoder_out, incremental_state,
                  sentence: Optional[Tensor] = None) -> Optional[Tensor]:
         """The step's output from a graph, or None where the step is to run eagerly."""
-        if torch.is_grad_enabled() or not captures_on(tokens.device):
+        if torch.is_grad_enabled() or not captures_on(tokens.device) or not incremental_state:  # (the first: eager)
             return None
         key = self._key(tokens, incremental_state)
         entry = self.graphs.get(key)

@@ -189,10 +189,13 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                 stream_state: Optional[IncrementalState] = None, **kwargs):
         """fairseq's forward; with ``stream_state`` (a stateful LM: a dict in fairseq's incremental-state layout,
         ``{}`` at a stream's start), ``prev_output_tokens [B, T]`` is the next block of B text streams: every causal
-        RFA layer continues its state there (not detached), positions restart at the block. A decoding step after the
-        first that asks only for the output is :meth:`forward_step` (or the step engine's)."""
+        RFA layer continues its state there (not detached), positions restart at the block. A decoding step that asks
+        only for the output is the step engine's (the first one too, where the engine runs it), else after the first
+        :meth:`forward_step`."""
         if stream_state is None:
-            if incremental_state and not (features_only or kwargs or self.decoding_attention):
+            first = not incremental_state  # the first step caches the source (a step engine's, or the eager pass)
+            if (incremental_state is not None and not (features_only or kwargs or self.decoding_attention)
+                    and (not first or prev_output_tokens.size(1) == 1)):
                 # the position table's row of the last token, as fairseq's embeddings count in decoding
                 tokens, position = prev_output_tokens[:, -1:], self.padding_idx + prev_output_tokens.size(1)
                 if self.embed_positions is not None and position >= self._position_table().size(0):
@@ -201,6 +204,8 @@ class RFATransformerDecoder(SoftmaxTransformerDecoder):
                     self.sentence_separator).sum(1)
                 out = None if self.step_engine is None else self.step_engine(tokens, position, encoder_out,
                                                                              incremental_state, sentence)
+                if out is None and first:
+                    return super().forward(prev_output_tokens, encoder_out, incremental_state, features_only)
                 if out is None:
                     out = self.forward_step(tokens, torch.full((1,), position, device=tokens.device), encoder_out,
                                             incremental_state, sentence)
