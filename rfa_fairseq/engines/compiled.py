@@ -132,7 +132,7 @@ class CompiledStep:
             return None
         if not incremental_state:
             self._first_step(rows, encoder_out, incremental_state)
-        states, spares, caches, parents = [], [], [], None
+        buffers, caches, parents = [], [], None
         for layer in self.layers:
             buffer = layer.self_attn._get_input_buffer(incremental_state)
             state = buffer.get("state")
@@ -141,18 +141,19 @@ class CompiledStep:
             cache = self._cache(layer.encoder_attn, incremental_state, encoder_out)
             if cache is None:
                 return None
-            states.append(state)
+            buffers.append(buffer)
             caches.append(cache)
-        for layer, state in zip(self.layers, states):  # the advanced states go to the spare buffers
-            buffer = layer.self_attn._get_input_buffer(incremental_state)
-            pending = buffer.pop("parents", None)
+        states, spares = [], []
+        for layer, buffer in zip(self.layers, buffers):  # the advanced states go to the spare buffers
+            state, spare, pending = buffer["state"], buffer.get("spare_state"), buffer.pop("parents", None)
             parents = pending if pending is not None else parents
-            spare = buffer.get("spare_state")
             if spare is None or spare.size(0) < rows or spare.shape[1:] != state.shape[1:]:
                 spare = state.new_empty((max(rows, state.size(0)),) + state.shape[1:])
-            buffer["state"], buffer["spare_state"] = spare[:rows], state
+            spare = spare if spare.size(0) == rows else spare[:rows]
+            buffer["state"], buffer["spare_state"] = spare, state
             layer.self_attn._set_input_buffer(incremental_state, buffer)
-            spares.append(spare[:rows])
+            states.append(state)
+            spares.append(spare)
         d = self.decoder
         table = d._position_table() if d.embed_positions is not None else None
         parents = torch.arange(rows) if parents is None else parents
