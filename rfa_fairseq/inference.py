@@ -18,7 +18,7 @@ INT8_MIN_WEIGHTS = 0
 @dataclass
 class InferenceConfig(FairseqDataclass):
     compiled_step: bool = field(default=False, metadata={
-        "help": "at inference on the CPU, every decoding step after the first run by the project's compiled layers "
+        "help": "at inference on the CPU, every decoding step run by the project's compiled layers "
                 "(rfa_fairseq/engines/compiled_step.cpp, built for the CPU on first use). RFA decoders with the "
                 "gaussian kernel. For a trained checkpoint: --model-overrides \"{'compiled_step': True}\""})
     int8_inference: bool = field(default=False, metadata={

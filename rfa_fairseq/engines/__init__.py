@@ -1,2 +1,2 @@
-"""Step engines: what runs a decoding step after the first in place of the eager modules (``inference.py`` picks one):
-CUDA graphs (``step_graphs``), the compiled layers on the CPU (``compiled``)."""
+"""Step engines: what runs a decoding step in place of the eager modules (``inference.py`` picks one): CUDA graphs
+after the first step (``step_graphs``), the compiled layers on the CPU, the first step included (``compiled``)."""

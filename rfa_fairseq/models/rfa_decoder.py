@@ -85,7 +85,7 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         self.sentence_separator = self.source_separator = None
         self.cross_sentence_window, self.sentence_alignment = -1, False
         self._stateful = None  # the modules that keep decoding state (reorder_incremental_state_scripting)
-        self.step_engine = None  # runs the steps after the first: an engine of rfa_fairseq/engines/
+        self.step_engine = None  # runs decoding steps in place of the modules: an engine of rfa_fairseq/engines/
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
                          output_projection=output_projection)
 
