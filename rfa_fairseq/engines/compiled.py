@@ -11,8 +11,8 @@ The beam's reorder is folded into the step as in :mod:`ops.causal_rfa.fused`: ea
 (``parents`` in its buffer) and the step gathers the parents' rows as it reads the state, writing the advanced state
 into the spare buffer beside it. The first step starts each causal state at zero and has each cross attention cache
 its source as the module does in its first step (:meth:`CompiledStep._first_step`). A step the engine does not run
-(autograd, another device or dtype) runs eagerly; a model it cannot run (another feature map, adaptive softmax, fairseq's optional scalings) is refused when the
-engine is made, naming what it lacks."""
+(autograd, another device or dtype) runs eagerly; a model it cannot run (another feature map, adaptive softmax,
+fairseq's optional scalings) is refused when the engine is made, naming what it lacks."""
 import time
 from pathlib import Path
 from typing import Optional
