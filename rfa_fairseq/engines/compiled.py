@@ -22,6 +22,7 @@ from fairseq import utils
 from torch import Tensor, nn
 
 from ..extensions import build
+from ..models import rfa_decoder
 from ..modules import CausalRFAttention, CrossRFAttention, SoftmaxCrossAttention
 
 # the kinds of cross attention, as compiled_step.cpp numbers them
@@ -158,6 +159,37 @@ class CompiledStep:
         table = d._position_table() if d.embed_positions is not None else None
         parents = torch.arange(rows) if parents is None else parents
         return self.engine.step(tokens[:, 0], position, table, sentence, parents, states, spares, caches)[:, None]
+
+    def generate(self, search, encoder_out, sources: int, max_len: int) -> Optional[list]:
+        """The hypotheses of :class:`tasks.translation.LeanBeamSearch` (``search``, its settings) for ``sources``
+        sources (``encoder_out``: each the beam's times, as the search's), the whole search in one C++ call (``Decoder::generate``; its reference: LeanBeamSearch over
+        this engine's steps), or None where the engine does not run it."""
+        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
+        if self.engine is None or torch.is_grad_enabled() or enc is None or enc.device.type != "cpu":
+            return None
+        d, caches, state = self.decoder, [], {}
+        self._first_step(enc.size(1), encoder_out, state)
+        for layer in self.layers:
+            caches.append(self._cache(layer.encoder_attn, state, encoder_out))
+        initial = [layer.self_attn._get_input_buffer(state)["state"] for layer in self.layers]
+        table, sentences = None, {}
+        if d.embed_positions is not None:
+            if d.padding_idx + max_len + 1 >= d._position_table().size(0):  # a too short sinusoidal table grows
+                d.embed_positions(torch.zeros(1, max_len + 1, dtype=torch.long), incremental_state={})
+            table = d._position_table()
+        numbers = {"sources": sources, "beam": search.beam_size, "max_len": max_len, "min_len": search.min_len, "eos": search.eos,
+                   "temperature": search.temperature, "separator": -1 if d.sentence_separator is None
+                   else d.sentence_separator}
+        if d.sentence_alignment:
+            sentences = d.source_sentences(encoder_out)
+            numbers.update(sentence_min=rfa_decoder.SENTENCE_MIN, length_a=rfa_decoder.SENTENCE_LENGTH[0],
+                           length_b=rfa_decoder.SENTENCE_LENGTH[1], forbidden_eos=rfa_decoder.FORBIDDEN_EOS)
+        found = self.engine.generate(initial, caches, table, search.bias(len(d.dictionary), enc.device),
+                                     numbers, sentences.get("length"), sentences.get("last"))
+        return search.best_first([[{
+            "tokens": tokens, "positional_scores": scores, "attention": torch.empty(0), "alignment": torch.empty(0),
+            "score": total / tokens.numel() ** search.len_penalty if search.normalize_scores else total}
+            for tokens, scores, total in hypotheses] for hypotheses in found])
 
     def _first_step(self, rows: int, encoder_out, incremental_state):
         """The caches the first step reads: each causal state at zero (as the eager first step starts it), each cross

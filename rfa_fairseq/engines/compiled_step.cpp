@@ -14,7 +14,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/quantized/PackedParams.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -252,11 +254,11 @@ struct Cross {
   float scaling = 1.f, eps = 0.01f;
 
   // x [R, C]; cache: softmax: keys, values [S, H, T, K], the keys' padding mask [S, T] (or undefined); window:
-  // keys | values [S, H, T, 2 K], spans [S, J, 2], with the rows' sentence numbers; RFA: the state [S, H, F, K + 1].
-  Tensor operator()(const Tensor& x, const std::vector<Tensor>& cache, const Tensor& sentence) const {
-    const int64_t R = x.size(0), C = x.size(1), K = C / H, S = cache[0].size(0);
-    TORCH_CHECK(R % S == 0, "compiled step: ", R, " rows are not the beams of ", S, " sources");
-    const int64_t beam = R / S;
+  // keys | values [S, H, T, 2 K], spans [S, J, 2], with the rows' sentence numbers; RFA: the state [S, H, F, K + 1];
+  // source [R]: each row's source.
+  Tensor operator()(const Tensor& x, const std::vector<Tensor>& cache, const Tensor& sentence,
+                    const std::vector<int64_t>& source) const {
+    const int64_t R = x.size(0), C = x.size(1), K = C / H;
     Tensor queries = q(x);
     Tensor heads = at::empty({R, H, K}, x.options());
     float* O = heads.data_ptr<float>();
@@ -269,7 +271,7 @@ struct Cross {
         std::vector<float> o(V);
         for (int64_t i = begin; i < end; ++i) {
           const int64_t r = i / H, h = i % H;
-          const float* s = ST + ((r / beam) * H + h) * F * V;
+          const float* s = ST + (source[r] * H + h) * F * V;
           std::fill(o.begin(), o.end(), 0.f);
           for (int64_t f = 0; f < F; ++f)
             for (int64_t c = 0; c < V; ++c) o[c] += PHI[i * F + f] * s[f * V + c];
@@ -292,7 +294,7 @@ struct Cross {
     at::parallel_for(0, R * H, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> p(T);
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t r = i / H, h = i % H, s = r / beam;
+        const int64_t r = i / H, h = i % H, s = source[r];
         int64_t first = 0, last = T;
         if (window) {
           const int64_t* span = spans + (s * J + std::min(number[r], J - 1)) * 2;
@@ -330,6 +332,20 @@ struct Layer {
   bool has_cross = false, pre_norm = false, gelu = false;
   Cross cross;
   Linear fc1, fc2;
+};
+
+// A hypothesis of the beam search in the making: its tokens, their running scores, and for sentence-aligned decoding
+// the <sep> it wrote and its tokens since the last (or since the start).
+struct Row {
+  std::vector<int64_t> tokens;
+  std::vector<float> scores;
+  int64_t written = 0, since = 0;
+};
+
+// Sentence-aligned decoding's bounds (rfa_decoder.py): a sentence ends from a x its source sentence's tokens + b, not
+// before min x them; the log-probability of a forbidden </s>.
+struct Bounds {
+  float min = 0.f, a = 0.f, b = 0.f, forbidden_eos = 0.f;
 };
 
 // The whole decoder (RFATransformerDecoder.forward_step), built once from the modules' weights.
@@ -380,38 +396,151 @@ class Decoder {
   // tokens [R] at position (the position table's row, with the table: none without positional embeddings), the
   // rows' sentence numbers [R] (--sentence-index: added to the positions as models/sentence_index.py's sinusoids;
   // --cross-sentence-window: the window), parents [R]; per layer its causal state (the previous step's rows), the
-  // buffer for the advanced state [R, ...] and its cross attention's cache: the scores [R, V].
+  // buffer for the advanced state [R, ...] and its cross attention's cache (the beams of a source side by side): the
+  // scores [R, V].
   Tensor step(const Tensor& tokens, int64_t position, const c10::optional<Tensor>& table,
-              const c10::optional<Tensor>& sentence_, const Tensor& parents, const std::vector<Tensor>& states,
+              const c10::optional<Tensor>& sentence, const Tensor& parents, const std::vector<Tensor>& states,
               std::vector<Tensor> next, const std::vector<std::vector<Tensor>>& caches) {
-    TORCH_CHECK(states.size() == layers_.size() && next.size() == layers_.size() && caches.size() == layers_.size(),
-                "compiled step: one state, buffer and cache per layer");
-    const Tensor sentence = sentence_.has_value() ? sentence_->contiguous() : Tensor();
-    Tensor x = at::embedding(embed_, tokens).mul_(embed_scale_);
-    if (project_in_.defined()) x = project_in_(x);
-    if (table.has_value()) {
-      TORCH_CHECK(position < table->size(0), "compiled step: position ", position, " past the position table");
-      x.add_(table->select(0, position));
-      if (sentence.defined()) add_sentence_embedding(x, sentence);
+    const int64_t R = tokens.size(0);
+    std::vector<int64_t> source(R);
+    for (size_t i = 0; i < caches.size(); ++i) {
+      if (caches[i].empty()) continue;
+      const int64_t S = caches[i][0].size(0);
+      TORCH_CHECK(R % S == 0, "compiled step: ", R, " rows are not the beams of ", S, " sources");
+      for (int64_t r = 0; r < R; ++r) source[r] = r / (R / S);
     }
-    if (has_embed_norm_) embed_norm_(x);
-    Tensor pad = tokens.eq(padding_idx_);
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      const Layer& layer = layers_[i];
-      x = block(x, layer.self_norm, layer.pre_norm,
-                [&](const Tensor& h) { return layer.self(h, pad, states[i], next[i], parents); });
-      if (layer.has_cross)
-        x = block(x, layer.cross_norm, layer.pre_norm,
-                  [&](const Tensor& h) { return layer.cross(h, caches[i], sentence); });
-      x = block(x, layer.ffn_norm, layer.pre_norm, [&](const Tensor& h) {
-        Tensor hidden = layer.fc1(h);
-        hidden = layer.gelu ? at::gelu(hidden) : hidden.clamp_min_(0.f);
-        return layer.fc2(hidden);
-      });
+    return run(tokens, position, table, sentence.has_value() ? sentence->contiguous() : Tensor(), parents, states,
+               next, caches, source);
+  }
+
+  // The task's beam search (tasks/translation.py's LeanBeamSearch, fairseq's hypotheses) over this decoder's steps,
+  // one call for a batch of S sources: per layer the causal state each source starts from [S, ...] and its cross
+  // attention's cache [S, ...]; the scores' bias [V] (pad, --unkpen); search: beam, max_len, min_len, eos, the
+  // sentence separator (-1: none) and with sentence-aligned decoding (the sources' sentence lengths [S, J] and last
+  // sentence numbers [S]: RFATransformerDecoder.align_sentences) its bounds. Per source its hypotheses: the tokens
+  // (</s> last), each token's score and their sum (before --lenpen's normalisation).
+  std::vector<std::vector<std::tuple<Tensor, Tensor, Tensor>>> generate(
+      const std::vector<Tensor>& initial, const std::vector<std::vector<Tensor>>& caches,
+      const c10::optional<Tensor>& table, const Tensor& bias_, const Numbers& search,
+      const c10::optional<Tensor>& lengths_, const c10::optional<Tensor>& last_) {
+    const int64_t beam = number(search, "beam"), max_len = number(search, "max_len");
+    const int64_t min_len = number(search, "min_len"), eos = number(search, "eos");
+    const int64_t separator = number(search, "separator"), S = number(search, "sources");
+    const float temperature = number(search, "temperature");
+    const Tensor bias = bias_.contiguous(), lengths = lengths_.has_value() ? lengths_->contiguous() : Tensor();
+    const Tensor last = last_.has_value() ? last_->contiguous() : Tensor();
+    const float* B = bias.data_ptr<float>();
+    const int64_t V = bias.size(0), J = lengths.defined() ? lengths.size(1) : 0;  // lengths: each source's beams
+    TORCH_CHECK(!lengths.defined() || lengths.size(0) == S * beam, "compiled search: sentence lengths of another batch");
+    const Bounds bounds = lengths.defined() ? Bounds{static_cast<float>(number(search, "sentence_min")),
+        static_cast<float>(number(search, "length_a")), static_cast<float>(number(search, "length_b")),
+        static_cast<float>(number(search, "forbidden_eos"))} : Bounds{};
+    TORCH_CHECK(initial.size() == layers_.size() && caches.size() == layers_.size() && V > 2 * beam,
+                "compiled search: one state and cache per layer, more words than 2 x beam");
+    int64_t copies = 1;  // a cache's rows a source (its beams', or one)
+    for (const auto& cache : caches)
+      if (!cache.empty()) copies = cache[0].size(0) / S;
+    for (const auto& cache : caches)
+      TORCH_CHECK(cache.empty() || cache[0].size(0) == S * copies, "compiled search: caches of another batch");
+    std::vector<Row> rows(S * beam);
+    std::vector<int64_t> active(S);  // the sources still searched, in order
+    std::iota(active.begin(), active.end(), 0);
+    std::vector<std::vector<char>> ignore(S, std::vector<char>(beam, 0));  // fairseq's cands_to_ignore
+    std::vector<std::vector<std::tuple<Tensor, Tensor, Tensor>>> found(S);
+    std::vector<Tensor> states(initial), buffers[2];
+    for (const Tensor& state : initial) {
+      std::vector<int64_t> shape = state.sizes().vec();
+      shape[0] = S * beam;
+      for (auto& b : buffers) b.push_back(at::empty(shape, state.options()));
     }
-    if (has_final_norm_) final_norm_(x);
-    if (project_out_.defined()) x = project_out_(x);
-    return output_(x);
+    // the first step reads each source's starting state (one row, or its beams')
+    Tensor parents = at::arange(S * beam, bias.options().dtype(torch::kLong)).div_(S * beam / initial[0].size(0), "trunc");
+    for (int64_t step = 0; step <= max_len && !active.empty(); ++step) {
+      const int64_t R = active.size() * beam;
+      Tensor tokens = at::empty({R}, parents.options()), sentence = at::empty({R}, parents.options());
+      std::vector<int64_t> source(R);
+      for (int64_t r = 0; r < R; ++r) {
+        tokens.data_ptr<int64_t>()[r] = step == 0 ? eos : rows[r].tokens.back();
+        sentence.data_ptr<int64_t>()[r] = rows[r].written;
+        source[r] = active[r / beam] * copies;
+      }
+      if (separator < 0) sentence = Tensor();
+      std::vector<Tensor> next;
+      for (auto& b : buffers[step % 2]) next.push_back(b.narrow(0, 0, R));
+      Tensor logits = run(tokens, padding_idx_ + step + 1, table, sentence, parents, states, next, caches, source);
+      states = next;
+      if (temperature != 1.f) logits.div_(temperature);
+      Tensor lprobs = at::log_softmax(logits, 1);
+      float* L = lprobs.data_ptr<float>();
+      for (int64_t r = 0; r < R; ++r) {
+        float* l = L + r * V;
+        if (lengths.defined())
+          align(l, V, rows[r], lengths.data_ptr<float>() + source[r] / copies * beam * J,
+                last.data_ptr<int64_t>()[source[r] / copies * beam], separator, eos, bounds);
+        for (int64_t v = 0; v < V; ++v) l[v] = (std::isnan(l[v]) ? -INFINITY : l[v]) + B[v];
+        if (step >= max_len)
+          for (int64_t v = 0; v < V; ++v) l[v] = v == eos ? l[v] : -INFINITY;
+        else if (step < min_len)
+          l[eos] = -INFINITY;
+      }
+      // per source its 2 x beam best candidates (beam x V scores, the first beam's alone at the first step)
+      const int64_t width = step == 0 ? V : beam * V, k = std::min(2 * beam, width - 1);
+      std::vector<int64_t> kept, parent;
+      std::vector<Row> grown;
+      for (size_t i = 0; i < active.size(); ++i) {
+        std::vector<std::pair<float, int64_t>> top;  // (score, beam x V + word), best first, ties by index
+        for (int64_t c = 0; c < width; ++c) {
+          const int64_t r = i * beam + c / V;
+          const float score = L[r * V + c % V] + (step == 0 ? 0.f : rows[r].scores.back());
+          if (static_cast<int64_t>(top.size()) == k && !(score > top.back().first)) continue;
+          auto at = std::upper_bound(top.begin(), top.end(), score,
+                                     [](float s, const std::pair<float, int64_t>& t) { return s > t.first; });
+          top.insert(at, {score, c});
+          if (static_cast<int64_t>(top.size()) > k) top.pop_back();
+        }
+        std::vector<char> ends(k);
+        for (int64_t j = 0; j < k; ++j) ends[j] = top[j].second % V == eos && top[j].first != -INFINITY;
+        bool seen = false;
+        for (int64_t j = 0; j < beam; ++j) {  // fairseq's finalize_hypos: ends among the first beam finish
+          if (!ends[j] || ignore[i][j]) continue;
+          seen = true;
+          if (static_cast<int64_t>(found[active[i]].size()) == beam) continue;
+          const Row& row = rows[i * beam + top[j].second / V];
+          Tensor t = at::empty({step + 1}, parents.options()), p = at::empty({step + 1}, bias.options());
+          for (int64_t s = 0; s <= step; ++s) {
+            const float total = s < step ? row.scores[s] : top[j].first;
+            t.data_ptr<int64_t>()[s] = s < step ? row.tokens[s] : eos;
+            p.data_ptr<float>()[s] = s == 0 ? total : total - row.scores[s - 1];
+          }
+          found[active[i]].emplace_back(t, p, at::full({}, top[j].first, bias.options()));
+        }
+        if (seen && (static_cast<int64_t>(found[active[i]].size()) == beam || step == max_len)) continue;
+        TORCH_CHECK(step < max_len, "compiled search: a source unfinished at max_len");
+        // the first beam candidates that do not end go on (then those that do, as ignored)
+        std::vector<int64_t> order(k);
+        for (int64_t j = 0; j < k; ++j) order[j] = (ends[j] || (j < beam && ignore[i][j])) * 2 * beam + j;
+        std::sort(order.begin(), order.end());
+        for (int64_t b = 0; b < beam; ++b) {
+          const auto& [score, c] = top[order[b] % (2 * beam)];
+          const Row& from = rows[i * beam + c / V];
+          Row row = from;
+          row.tokens.push_back(c % V);
+          row.scores.push_back(score);
+          const bool sep = c % V == separator;
+          row.written += sep, row.since = sep ? 0 : from.since + 1;
+          grown.push_back(std::move(row));
+          parent.push_back(i * beam + c / V);
+          ignore[i][b] = order[b] >= 2 * beam;
+        }
+        kept.push_back(i);
+      }
+      std::vector<int64_t> still;
+      std::vector<std::vector<char>> still_ignore;
+      for (int64_t i : kept) still.push_back(active[i]), still_ignore.push_back(ignore[i]);
+      active.swap(still), ignore.swap(still_ignore), rows.swap(grown);
+      parents = at::tensor(parent, parents.options());
+    }
+    return found;
   }
 
   // models/sentence_index.py's sentence_embedding of the rows' numbers, added to x [R, C]
@@ -432,6 +561,55 @@ class Decoder {
   Tensor output(const Tensor& x) const { return output_(x.contiguous()); }
 
  private:
+  // RFATransformerDecoder.align_sentences then get_normalized_probs on a row's log-probabilities l [V] (lengths [J]:
+  // its source's sentences' tokens; last: the source's last sentence number)
+  static void align(float* l, int64_t V, const Row& row, const float* lengths, int64_t last, int64_t separator,
+                    int64_t eos, const Bounds& bounds) {
+    const float n = lengths[std::min(row.written, last)], since = static_cast<float>(row.since);
+    const bool more = row.written < last, short_ = since < n * bounds.min, end = since >= n * bounds.a + bounds.b;
+    const bool forbid_eos = more || short_, forbid_sep = !more || short_;
+    if (end) {  // every token at -inf but the ending
+      const int64_t ending = forbid_eos ? separator : eos;
+      const float keep = l[ending];
+      std::fill(l, l + V, -INFINITY);
+      l[ending] = keep;
+    }
+    if (forbid_eos) l[eos] = bounds.forbidden_eos;
+    if (forbid_sep) l[separator] = -INFINITY;
+  }
+
+  Tensor run(const Tensor& tokens, int64_t position, const c10::optional<Tensor>& table, const Tensor& sentence,
+             const Tensor& parents, const std::vector<Tensor>& states, std::vector<Tensor>& next,
+             const std::vector<std::vector<Tensor>>& caches, const std::vector<int64_t>& source) {
+    TORCH_CHECK(states.size() == layers_.size() && next.size() == layers_.size() && caches.size() == layers_.size(),
+                "compiled step: one state, buffer and cache per layer");
+    Tensor x = at::embedding(embed_, tokens).mul_(embed_scale_);
+    if (project_in_.defined()) x = project_in_(x);
+    if (table.has_value()) {
+      TORCH_CHECK(position < table->size(0), "compiled step: position ", position, " past the position table");
+      x.add_(table->select(0, position));
+      if (sentence.defined()) add_sentence_embedding(x, sentence);
+    }
+    if (has_embed_norm_) embed_norm_(x);
+    Tensor pad = tokens.eq(padding_idx_);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& layer = layers_[i];
+      x = block(x, layer.self_norm, layer.pre_norm,
+                [&](const Tensor& h) { return layer.self(h, pad, states[i], next[i], parents); });
+      if (layer.has_cross)
+        x = block(x, layer.cross_norm, layer.pre_norm,
+                  [&](const Tensor& h) { return layer.cross(h, caches[i], sentence, source); });
+      x = block(x, layer.ffn_norm, layer.pre_norm, [&](const Tensor& h) {
+        Tensor hidden = layer.fc1(h);
+        hidden = layer.gelu ? at::gelu(hidden) : hidden.clamp_min_(0.f);
+        return layer.fc2(hidden);
+      });
+    }
+    if (has_final_norm_) final_norm_(x);
+    if (project_out_.defined()) x = project_out_(x);
+    return output_(x);
+  }
+
   // fairseq's residual block: post-norm norm(x + f(x)), pre-norm x + f(norm(x))
   template <typename Fn>
   static Tensor block(const Tensor& x, const Norm& n, bool pre_norm, Fn&& f) {
@@ -461,6 +639,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<const Weights&, const Numbers&, const std::vector<Weights>&, const std::vector<Numbers>&,
                           int64_t>())
       .def("step", &Decoder::step, "one decoding step (see the C++ source)")
+      .def("generate", &Decoder::generate, "the beam search over the steps (see the C++ source)")
       .def("output", &Decoder::output);
   m.def("reduce_range", &reduce_range, "whether int8 products quantize their inputs to 7 bits (no VNNI)");
 }

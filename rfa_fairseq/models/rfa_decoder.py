@@ -112,11 +112,7 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
             return out
         source = self.get_incremental_state(incremental_state, "sentences")
         if source is None:
-            src = encoder_out["src_tokens"][0]
-            number = sentence_numbers(src, self.source_separator, written=False)
-            length = torch.zeros(number.size(0), int(number.max()) + 1, device=src.device).scatter_add_(
-                1, number, src.ne(self.padding_idx).float())
-            source = {"last": number[:, -1], "length": length}
+            source = self.source_sentences(encoder_out)
             self.set_incremental_state(incremental_state, "sentences", source)
         is_sep = prev_output_tokens.eq(self.sentence_separator)
         written, position = is_sep.sum(1), torch.arange(is_sep.size(1), device=is_sep.device)
@@ -126,6 +122,15 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         short, end = current < n * SENTENCE_MIN, current >= n * SENTENCE_LENGTH[0] + SENTENCE_LENGTH[1]
         out[1].update(forbid_eos=more | short, forbid_sep=~more | short, end=end)
         return out
+
+    def source_sentences(self, encoder_out) -> dict:
+        """The sources' last sentence numbers ``last [B]`` and their sentences' tokens (with their ``<sep>`` or
+        ``</s>``) ``length [B, J]``."""
+        src = encoder_out["src_tokens"][0]
+        number = sentence_numbers(src, self.source_separator, written=False)
+        length = torch.zeros(number.size(0), int(number.max()) + 1, device=src.device).scatter_add_(
+            1, number, src.ne(self.padding_idx).float())
+        return {"last": number[:, -1], "length": length}
 
     def get_normalized_probs(self, net_output, log_probs: bool, sample=None):
         """fairseq's, then the tokens a decoding step forbids (:meth:`align_sentences`): ``<sep>`` at -inf, ``</s>``

@@ -26,20 +26,21 @@ class LeanBeamSearch(SequenceGenerator):
         bsz, vocab = src.size(0), self.vocab_size
         max_len = min(int(self.max_len_a * src.size(1) + self.max_len_b), self.max_len - 1)
         assert self.min_len <= max_len, "min_len cannot be larger than max_len, please adjust these!"
-        states = [{} for _ in range(model.models_size)]
         encoder_outs = model.reorder_encoder_out(model.forward_encoder(sample["net_input"]),
                                                  torch.arange(bsz, device=src.device).repeat_interleave(beam))
+        engine = getattr(model.single_model.decoder, "step_engine", None) if model.models_size == 1 else None
+        if hasattr(engine, "generate"):  # the whole search in the engine, where it runs it
+            found = engine.generate(self, encoder_outs[0], bsz, max_len)
+            if found is not None:
+                return found
+        states = [{} for _ in range(model.models_size)]
         scores = torch.zeros(bsz * beam, max_len + 1, device=src.device)
         tokens = torch.full((bsz * beam, max_len + 2), self.pad, dtype=torch.long, device=src.device)
         tokens[:, 0] = eos
-        bias = torch.zeros(vocab, device=src.device)  # what fairseq writes into every step's log-probabilities
-        bias[self.unk] = -self.unk_penalty
-        bias[self.pad] = -math.inf
-        if getattr(self, "token_indices_to_suppress", None) is not None:
-            bias[self.token_indices_to_suppress] = -math.inf
         finalized, finished, remaining = [[] for _ in range(bsz)], [False] * bsz, bsz
         offsets = torch.arange(bsz, device=src.device)[:, None] * beam
         ignore, ignoring, reorder, kept = torch.zeros(bsz, beam, dtype=torch.bool, device=src.device), False, None, None
+        bias = self.bias(vocab, src.device)
         for step in range(max_len + 1):
             if reorder is not None:
                 if kept is not None:  # sentences left: the order was within the kept ones
@@ -94,7 +95,21 @@ class LeanBeamSearch(SequenceGenerator):
             if step > 0:
                 scores[:, :step] = scores[:, :step].index_select(0, reorder)
             scores.view(bsz, beam, -1)[:, :, step] = new_scores
-        for i, hypos in enumerate(finalized):  # best first, as fairseq sorts them
+        return self.best_first(finalized)
+
+    def bias(self, vocab: int, device) -> torch.Tensor:
+        """What fairseq writes into every step's log-probabilities: -inf at pad (and tokens suppressed), --unkpen."""
+        bias = torch.zeros(vocab, device=device)
+        bias[self.unk] = -self.unk_penalty
+        bias[self.pad] = -math.inf
+        if getattr(self, "token_indices_to_suppress", None) is not None:
+            bias[self.token_indices_to_suppress] = -math.inf
+        return bias
+
+    @staticmethod
+    def best_first(finalized: list) -> list:
+        """Each sentence's hypotheses best first, as fairseq sorts them."""
+        for i, hypos in enumerate(finalized):
             order = torch.sort(torch.tensor([float(h["score"].item()) for h in hypos]), descending=True)[1]
             finalized[i] = [hypos[j] for j in order]
         return finalized

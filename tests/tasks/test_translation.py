@@ -17,6 +17,10 @@ from rfa_test_utils import random_tokens
 # the flags, and a factor on </s>'s output weights that makes the untrained decoder end at different steps
 DECODERS = [pytest.param(["--rfa-gate"], 6.0, id="rfa-gate"), pytest.param(["--decoder-attention", "softmax"], -2.0, id="softmax"),
             pytest.param(["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1"], 6.0, id="documents")]
+SETTINGS = [dict(beam_size=4, max_len_b=30), dict(beam_size=1, max_len_b=30),
+            dict(beam_size=5, max_len_b=20, min_len=3, len_penalty=0.6, unk_penalty=0.5),
+            dict(beam_size=3, max_len_a=1.5, max_len_b=2, normalize_scores=False, temperature=0.7)]
+SETTING_IDS = ["beam4", "greedy", "limits-penalties", "max-len-a-temperature"]
 
 
 def _sample(task, sep, batch=6, length=20, seed=0):
@@ -42,10 +46,7 @@ def _same(got, want):
 
 
 @pytest.mark.parametrize("extra, ending", DECODERS)
-@pytest.mark.parametrize("settings", [dict(beam_size=4, max_len_b=30), dict(beam_size=1, max_len_b=30),
-                                      dict(beam_size=5, max_len_b=20, min_len=3, len_penalty=0.6, unk_penalty=0.5),
-                                      dict(beam_size=3, max_len_a=1.5, max_len_b=2, normalize_scores=False)],
-                         ids=["beam4", "greedy", "limits-penalties", "max-len-a"])
+@pytest.mark.parametrize("settings", SETTINGS, ids=SETTING_IDS)
 def test_same_hypotheses_as_fairseqs_beam_search(documents_model, extra, ending, settings):
     task, model, sep = documents_model(*extra)
     eos = task.target_dictionary.eos()
@@ -74,16 +75,30 @@ def test_same_hypotheses_where_sentences_reach_their_length_limit(documents_mode
     assert [h["tokens"].tolist() for n in got for h in n] != [h["tokens"].tolist() for n in free for h in n]
 
 
-def test_same_hypotheses_with_the_compiled_step(documents_model):
-    task, model, sep = documents_model("--rfa-gate", "--sentence-index")
+@pytest.mark.parametrize("extra, ending", [DECODERS[0], DECODERS[2]])
+@pytest.mark.parametrize("settings", SETTINGS, ids=SETTING_IDS)
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
+def test_the_compiled_search_gives_fairseqs_hypotheses_over_its_steps(documents_model, extra, ending, settings, int8,
+                                                                      monkeypatch):
+    """With the compiled step the whole search runs in C++ (Decoder::generate): fairseq's generator over the same
+    steps is its reference; sentence-aligned decoding's bounds as the decoder reads them (some forced here)."""
+    task, model, sep = documents_model(*extra)
     with torch.no_grad():
-        model.decoder.output_projection.weight[task.target_dictionary.eos()] *= 3.0
-    to_decoding_form_(model, compiled_step=True)
-    sample = _sample(task, sep, batch=3)
+        model.decoder.output_projection.weight[task.target_dictionary.eos()] *= ending
+        model.decoder.output_projection.weight[sep] *= 2.0
+    to_decoding_form_(model, compiled_step=True, int8=int8)
+    engine, searches = model.decoder.step_engine, []
+    generate = engine.generate
+    monkeypatch.setattr(engine, "generate", lambda *a: searches.append(a) or generate(*a))
+    if model.decoder.sentence_alignment:
+        monkeypatch.setattr(rfa_decoder, "SENTENCE_LENGTH", (1.0, 2.0))
+    sample = _sample(task, sep)
     with torch.no_grad():
-        want = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30).forward(sample)
-        got = LeanBeamSearch([model], task.target_dictionary, beam_size=4, max_len_b=30).forward(sample)
+        want = SequenceGenerator([model], task.target_dictionary, **settings).forward(sample)
+        got = LeanBeamSearch([model], task.target_dictionary, **settings).forward(sample)
+    assert len(searches) == 1
     _same(got, want)
+    assert len({len(h["tokens"]) for nbest in want for h in nbest}) > 2
 
 
 def test_what_it_does_not_cover_is_fairseqs(documents_model, monkeypatch):
