@@ -1,7 +1,7 @@
 """rfa_fairseq: Random Feature Attention (Peng et al., ICLR 2021) for fairseq.
 
 Load with ``--user-dir rfa_fairseq``. Layers: ``ops`` (math, pure torch) -> ``modules`` (fairseq attention modules) ->
-``models`` (registered models and architectures) and ``tasks`` (the stateful LM; translation, its lean beam search)."""
+``models`` (registered models and architectures) and ``tasks`` (the stateful LM; translation, its compiled beam search)."""
 import argparse
 
 import torch

@@ -48,7 +48,8 @@ def to_decoding_form_(model: nn.Module, int8: bool = False, cuda_graphs: bool = 
     if cuda_graphs:
         model.decoder.step_engine = StepGraphs(model.decoder)
     if compiled_step:
-        model.decoder.step_engine = CompiledStep(model.decoder, int8=int8, int8_min_weights=int8_min_weights)
+        model.decoder.step_engine = CompiledStep(model.decoder, int8=int8, int8_min_weights=int8_min_weights,
+                                                 encoder=getattr(model, "encoder", None))
     return model
 
 

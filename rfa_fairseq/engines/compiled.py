@@ -13,12 +13,14 @@ into the spare buffer beside it. The first step starts each causal state at zero
 its source as the module does in its first step (:meth:`CompiledStep._first_step`). A step the engine does not run
 (autograd, another device or dtype) runs eagerly; a model it cannot run (another feature map, adaptive softmax,
 fairseq's optional scalings) is refused when the engine is made, naming what it lacks."""
+import math
 import time
 from pathlib import Path
 from typing import Optional
 
 import torch
 from fairseq import utils
+from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
 from ..extensions import build
@@ -55,21 +57,52 @@ def _features(attention) -> Tensor:
     return projection[..., :feature_map.num_features].contiguous()
 
 
+def _gelu(layer: nn.Module) -> float:
+    """1.0 where a layer's FFN activation is gelu, 0.0 where relu."""
+    activations = {utils.get_activation_fn(name): name for name in ("relu", "gelu")}
+    if layer.activation_fn not in activations:
+        raise ValueError("--compiled-step compiles the FFN activations relu and gelu only")
+    return float(activations[layer.activation_fn] == "gelu")
+
+
+def _encoder(encoder: nn.Module, op, int8_min_weights: int):
+    """compiled_step.cpp's Encoder of fairseq's softmax encoder, None for another (linear self-attention, adaptive or
+    noised inputs): that runs as it is."""
+    if not isinstance(getattr(encoder, "embed_tokens", None), nn.Embedding) or getattr(encoder, "quant_noise", None) \
+            or any(type(layer.self_attn) is not MultiheadAttention for layer in encoder.layers):
+        return None
+    weights, numbers = {"embed_tokens.weight": encoder.embed_tokens.weight.detach().float().contiguous()}, {
+        "embed_scale": float(encoder.embed_scale), "padding_idx": float(encoder.padding_idx)}
+    for name in ("layernorm_embedding", "layer_norm"):
+        if getattr(encoder, name, None) is not None:
+            _norm(weights, numbers, name, getattr(encoder, name))
+    layers = []
+    for layer in encoder.layers:
+        attention = layer.self_attn
+        w, n = {}, {"heads": float(attention.num_heads), "normalize_before": float(layer.normalize_before),
+                    "gelu": _gelu(layer)}
+        projections = [attention.q_proj, attention.k_proj, attention.v_proj]  # one product: q | k | v
+        w["self_attn.in_proj.weight"] = torch.cat([p.weight for p in projections]).detach().float().contiguous()
+        w["self_attn.in_proj.bias"] = torch.cat([p.bias for p in projections]).detach().float().contiguous()
+        for name in ("self_attn.out_proj", "fc1", "fc2"):
+            _linear(w, name, layer.get_submodule(name))
+        for name in ("self_attn_layer_norm", "final_layer_norm"):
+            _norm(w, n, name, getattr(layer, name))
+        layers.append((w, n))
+    return op.Encoder(weights, numbers, [w for w, _ in layers], [n for _, n in layers], int8_min_weights)
+
+
 def _layer(layer: nn.Module, window: bool):
     """One decoder layer's weights and settings, as compiled_step.cpp's Decoder reads them (``window``: its softmax
     cross attention reads the sentence window's span)."""
     for name in ("c_attn", "attn_ln", "ffn_layernorm", "w_resid"):
         if getattr(layer, name, None) is not None:
             raise ValueError(f"--compiled-step: fairseq's optional {name} (--scale-*) is not compiled")
-    activations = {utils.get_activation_fn(name): name for name in ("relu", "gelu")}
-    if layer.activation_fn not in activations:
-        raise ValueError("--compiled-step compiles the FFN activations relu and gelu only")
     attention = layer.self_attn
     if not isinstance(attention, CausalRFAttention):
         raise ValueError("--compiled-step runs RFA decoders (not --decoder-attention softmax)")
     weights, numbers = {"self_attn.projection": _features(attention)}, {
-        "normalize_before": float(layer.normalize_before), "gelu": float(activations[layer.activation_fn] == "gelu"),
-        "self_attn.gated": float(attention.gated), "self_attn.convex": float(attention.convex),
+        "normalize_before": float(layer.normalize_before), "gelu": _gelu(layer), "self_attn.gated": float(attention.gated), "self_attn.convex": float(attention.convex),
         "self_attn.eps": float(attention.eps)}
     for name in ("self_attn.in_proj", "self_attn.out_proj", "fc1", "fc2"):
         _linear(weights, name, layer.get_submodule(name))
@@ -96,7 +129,8 @@ class CompiledStep:
     """The decoder's step engine (``decoder.step_engine``, called as :class:`StepGraphs` is): the step's scores from
     compiled_step.cpp, or None where the step is to run eagerly."""
 
-    def __init__(self, decoder: nn.Module, int8: bool = False, int8_min_weights: int = 0):
+    def __init__(self, decoder: nn.Module, int8: bool = False, int8_min_weights: int = 0,
+                 encoder: Optional[nn.Module] = None):
         if not hasattr(decoder, "forward_step"):
             raise ValueError("--compiled-step runs RFA's fixed-size decoding step: it needs an RFA decoder "
                              "(not --decoder-attention softmax, whose cache grows every step)")
@@ -109,7 +143,11 @@ class CompiledStep:
         start = time.perf_counter()
         self.decoder, self.op, self.int8, self.int8_min_weights = decoder, load(), int8, int8_min_weights
         self.layers = list(decoder.layers)
+        self.state_dtype = torch.bfloat16 if int8 else torch.float32  # the causal states' (int8: half the bytes)
         self.engine = None if self.op is None else self._build(int8, int8_min_weights)
+        self.encoder, self.encoder_engine = encoder, None  # the encoder's, where the search runs here
+        if self.op is not None and encoder is not None:
+            self.encoder_engine = _encoder(encoder, self.op, int8_min_weights if int8 else -1)
         self.setup_seconds = time.perf_counter() - start  # loading (first on a machine: building) the C++, packing
 
     def _build(self, int8: bool, int8_min_weights: int):
@@ -137,7 +175,7 @@ class CompiledStep:
         for layer in self.layers:
             buffer = layer.self_attn._get_input_buffer(incremental_state)
             state = buffer.get("state")
-            if state is None or state.dtype != torch.float32 or not state.is_contiguous():
+            if state is None or state.dtype != self.state_dtype or not state.is_contiguous():
                 return None
             cache = self._cache(layer.encoder_attn, incremental_state, encoder_out)
             if cache is None:
@@ -160,15 +198,27 @@ class CompiledStep:
         parents = torch.arange(rows) if parents is None else parents
         return self.engine.step(tokens[:, 0], position, table, sentence, parents, states, spares, caches)[:, None]
 
-    def generate(self, search, encoder_out, sources: int, max_len: int) -> Optional[list]:
-        """The hypotheses of :class:`tasks.translation.LeanBeamSearch` (``search``, its settings) for ``sources``
-        sources (``encoder_out``: each the beam's times, as the search's), the whole search in one C++ call (``Decoder::generate``; its reference: LeanBeamSearch over
-        this engine's steps), or None where the engine does not run it."""
-        enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
-        if self.engine is None or torch.is_grad_enabled() or enc is None or enc.device.type != "cpu":
+    def generate(self, search, net_input: dict, max_len: int) -> Optional[list]:
+        """fairseq's hypotheses for the sources of ``net_input`` by the beam search of ``search``
+        (:class:`tasks.translation.CompiledSearch`, its settings): the encoder (compiled where it is fairseq's
+        softmax encoder), then the whole search in one C++ call (``Decoder::generate``); None where the engine does not
+        run it."""
+        src = net_input["src_tokens"]
+        if self.engine is None or torch.is_grad_enabled() or src.device.type != "cpu":
             return None
+        if self.encoder_engine is None:
+            encoder_outs = search.model.forward_encoder(net_input)
+        else:  # fairseq's encoder output, and the plugin's src_tokens (models/rfa_encoder.py)
+            positions = None if self.encoder.embed_positions is None else self.encoder.embed_positions(src)
+            encoder_outs = [{"encoder_out": [self.encoder_engine.forward(src, positions)],
+                             "encoder_padding_mask": [src.eq(self.encoder.padding_idx)], "encoder_embedding": [],
+                             "encoder_states": [], "fc_results": [], "src_tokens": [src],
+                             "src_lengths": [net_input["src_lengths"]]}]
+        rows = torch.arange(src.size(0)).repeat_interleave(search.beam_size)  # each source the beam's times
+        encoder_out = search.model.reorder_encoder_out(encoder_outs, rows)[0]
+        enc, sources = encoder_out["encoder_out"][0], src.size(0)
         d, caches, state = self.decoder, [], {}
-        self._first_step(enc.size(1), encoder_out, state)
+        self._first_step(enc.size(1), encoder_out, state, state_rows=1)  # one zero state, read by every row
         for layer in self.layers:
             caches.append(self._cache(layer.encoder_attn, state, encoder_out))
         initial = [layer.self_attn._get_input_buffer(state)["state"] for layer in self.layers]
@@ -177,24 +227,32 @@ class CompiledStep:
             if d.padding_idx + max_len + 1 >= d._position_table().size(0):  # a too short sinusoidal table grows
                 d.embed_positions(torch.zeros(1, max_len + 1, dtype=torch.long), incremental_state={})
             table = d._position_table()
-        numbers = {"sources": sources, "beam": search.beam_size, "max_len": max_len, "min_len": search.min_len, "eos": search.eos,
-                   "temperature": search.temperature, "separator": -1 if d.sentence_separator is None
-                   else d.sentence_separator}
+        bias = torch.zeros(len(d.dictionary))  # what fairseq's search writes into every step's log-probabilities
+        bias[search.unk] = -search.unk_penalty
+        bias[search.pad] = -math.inf
+        if getattr(search, "token_indices_to_suppress", None) is not None:
+            bias[search.token_indices_to_suppress] = -math.inf
+        numbers = {"sources": sources, "beam": search.beam_size, "max_len": max_len, "min_len": search.min_len,
+                   "eos": search.eos, "temperature": search.temperature,
+                   "separator": -1 if d.sentence_separator is None else d.sentence_separator}
         if d.sentence_alignment:
             sentences = d.source_sentences(encoder_out)
             numbers.update(sentence_min=rfa_decoder.SENTENCE_MIN, length_a=rfa_decoder.SENTENCE_LENGTH[0],
                            length_b=rfa_decoder.SENTENCE_LENGTH[1], forbidden_eos=rfa_decoder.FORBIDDEN_EOS)
-        found = self.engine.generate(initial, caches, table, search.bias(len(d.dictionary), enc.device),
-                                     numbers, sentences.get("length"), sentences.get("last"))
-        return search.best_first([[{
-            "tokens": tokens, "positional_scores": scores, "attention": torch.empty(0), "alignment": torch.empty(0),
-            "score": total / tokens.numel() ** search.len_penalty if search.normalize_scores else total}
-            for tokens, scores, total in hypotheses] for hypotheses in found])
+        found = []
+        for hypotheses in self.engine.generate(initial, caches, table, bias, numbers, sentences.get("length"),
+                                               sentences.get("last")):
+            hypotheses = [{"tokens": tokens, "positional_scores": scores, "attention": torch.empty(0),
+                           "alignment": torch.empty(0), "score": total / tokens.numel() ** search.len_penalty
+                           if search.normalize_scores else total} for tokens, scores, total in hypotheses]
+            order = torch.sort(torch.tensor([float(h["score"]) for h in hypotheses]), descending=True)[1]
+            found.append([hypotheses[i] for i in order])  # best first, as fairseq sorts them
+        return found
 
-    def _first_step(self, rows: int, encoder_out, incremental_state):
-        """The caches the first step reads: each causal state at zero (as the eager first step starts it), each cross
-        attention's source cache made by the module itself, called as the layer calls it (its output for a query of
-        zeros unused)."""
+    def _first_step(self, rows: int, encoder_out, incremental_state, state_rows: Optional[int] = None):
+        """The caches the first step reads: each causal state at zero (as the eager first step starts it; ``state_rows``
+        rows, else ``rows``), each cross attention's source cache made by the module itself, called as the layer calls
+        it (its output for a query of zeros unused)."""
         enc = encoder_out["encoder_out"][0] if encoder_out is not None and encoder_out["encoder_out"] else None
         source_mask = None
         if enc is not None:
@@ -204,7 +262,8 @@ class CompiledStep:
         for layer in self.layers:
             attn, features = layer.self_attn, layer.self_attn.feature_map
             attn._set_input_buffer(incremental_state, {"state": torch.zeros(
-                rows, features.num_heads, features.output_dim, features.head_dim + 1)})
+                state_rows or rows, features.num_heads, features.output_dim, features.head_dim + 1,
+                dtype=self.state_dtype)})
             if layer.encoder_attn is not None and enc is not None:
                 layer.encoder_attn(enc.new_zeros(1, rows, layer.embed_dim), enc, enc, key_padding_mask=source_mask,
                                    incremental_state=incremental_state, static_kv=True, need_weights=False)

@@ -185,6 +185,21 @@ Tensor gaussian_features(const Tensor& x, const Tensor& projection) {
   return angles.sin_().mul_(1.f / std::sqrt(static_cast<float>(D)));
 }
 
+// One head's state [F, V] advanced, s -> d (float32, or bfloat16 under --int8-inference), in one pass that reads it
+// out too: d = decay s + k (x) v1, o += q^T d (in float32, before d is stored).
+template <typename T>
+void advance(const T* __restrict__ s, T* __restrict__ d, const float* k, const float* q, const float* v1, float decay,
+             int64_t F, int64_t V, float* __restrict__ o) {
+  for (int64_t f = 0; f < F; ++f) {
+    const float kf = k[f], qf = q[f];
+    for (int64_t c = 0; c < V; ++c) {
+      const float value = decay * static_cast<float>(s[f * V + c]) + kf * v1[c];
+      d[f * V + c] = static_cast<T>(value);
+      o[c] += qf * value;
+    }
+  }
+}
+
 // Causal RFA's step (CausalRFAttention._step with ops.causal_rfa.fused's one pass over the state).
 struct CausalRFA {
   Linear in, out;
@@ -204,10 +219,16 @@ struct CausalRFA {
     Tensor qk = y.narrow(1, 0, 2 * C).reshape({R * 2, H, K});
     Tensor phi = gaussian_features(qk, projection).view({R, 2, H, F});
     Tensor heads = at::empty({R, H, K}, x.options());
-    const float *Y = y.data_ptr<float>(), *PHI = phi.data_ptr<float>(), *src = old.data_ptr<float>();
+    TORCH_CHECK(old.scalar_type() == next.scalar_type() && (old.scalar_type() == torch::kFloat ||
+                old.scalar_type() == torch::kBFloat16), "compiled step: a causal state neither float32 nor bfloat16");
+    const bool half = old.scalar_type() == torch::kBFloat16;
+    const float *Y = y.data_ptr<float>(), *PHI = phi.data_ptr<float>();
+    const float* src = half ? nullptr : old.data_ptr<float>();
+    const c10::BFloat16* half_src = half ? old.data_ptr<c10::BFloat16>() : nullptr;
     const bool *is_pad = pad.defined() ? pad.data_ptr<bool>() : nullptr;
     const int64_t* P = parents.data_ptr<int64_t>();
-    float *dst = next.data_ptr<float>(), *O = heads.data_ptr<float>();
+    float *dst = half ? nullptr : next.data_ptr<float>(), *O = heads.data_ptr<float>();
+    c10::BFloat16* half_dst = half ? next.data_ptr<c10::BFloat16>() : nullptr;
     const int64_t width = y.size(1), rows = old.size(0);
     for (int64_t r = 0; r < R; ++r) TORCH_CHECK(P[r] >= 0 && P[r] < rows, "compiled step: a parent out of range");
     at::parallel_for(0, R * H, 1, [&](int64_t begin, int64_t end) {
@@ -225,17 +246,11 @@ struct CausalRFA {
         v1[K] = write;
         const float* q = PHI + (r * 2 * H + h) * F;
         const float* k = PHI + (r * 2 * H + H + h) * F;
-        const float* __restrict__ s = src + (P[r] * H + h) * F * V;
-        float* __restrict__ d = dst + i * F * V;
         std::fill(o.begin(), o.end(), 0.f);
-        for (int64_t f = 0; f < F; ++f) {
-          const float kf = k[f], qf = q[f];
-          for (int64_t c = 0; c < V; ++c) {
-            const float value = decay * s[f * V + c] + kf * v1[c];
-            d[f * V + c] = value;
-            o[c] += qf * value;
-          }
-        }
+        if (half)
+          advance(half_src + (P[r] * H + h) * F * V, half_dst + i * F * V, k, q, v1.data(), decay, F, V, o.data());
+        else
+          advance(src + (P[r] * H + h) * F * V, dst + i * F * V, k, q, v1.data(), decay, F, V, o.data());
         const float den = std::max(o[K], eps);
         for (int64_t c = 0; c < K; ++c) O[i * K + c] = o[c] / den;
       }
@@ -324,6 +339,84 @@ struct Cross {
     });
     return out(heads.view({R, C}));
   }
+};
+
+// fairseq's residual block: post-norm norm(x + f(x)), pre-norm x + f(norm(x))
+template <typename Fn>
+Tensor block(const Tensor& x, const Norm& n, bool pre_norm, Fn&& f) {
+  if (pre_norm) {
+    Tensor h = x.clone();
+    n(h);
+    return f(h).add_(x);
+  }
+  Tensor y = f(x);
+  n(y, &x);
+  return y;
+}
+
+// fairseq's FFN: fc2(activation(fc1(h)))
+Tensor ffn(const Linear& fc1, const Linear& fc2, bool gelu, const Tensor& h) {
+  Tensor hidden = fc1(h);
+  return fc2(gelu ? at::gelu(hidden) : hidden.clamp_min_(0.f));
+}
+
+// The encoder (fairseq's TransformerEncoderBase, softmax self-attention: fairseq's MultiheadAttention) as the same
+// blocks: its products by the weights as the decoder's (one for q, k and v), the attention by ATen's batched products.
+class Encoder {
+ public:
+  Encoder(const Weights& w, const Numbers& n, const std::vector<Weights>& layer_weights,
+          const std::vector<Numbers>& layer_numbers, int64_t int8_min_weights)
+      : embed_(weight(w, "embed_tokens.weight")), embed_scale_(number(n, "embed_scale")),
+        padding_idx_(static_cast<int64_t>(number(n, "padding_idx"))) {
+    if (w.count("layernorm_embedding.weight")) embed_norm_ = norm(w, n, "layernorm_embedding"), has_embed_norm_ = true;
+    if (w.count("layer_norm.weight")) final_norm_ = norm(w, n, "layer_norm"), has_final_norm_ = true;
+    for (size_t i = 0; i < layer_weights.size(); ++i) {
+      const Weights& lw = layer_weights[i];
+      const Numbers& ln = layer_numbers[i];
+      layers_.push_back({linear(lw, "self_attn.in_proj", int8_min_weights),
+                         linear(lw, "self_attn.out_proj", int8_min_weights), linear(lw, "fc1", int8_min_weights),
+                         linear(lw, "fc2", int8_min_weights), norm(lw, ln, "self_attn_layer_norm"),
+                         norm(lw, ln, "final_layer_norm"), static_cast<int64_t>(number(ln, "heads")),
+                         number(ln, "normalize_before") != 0, number(ln, "gelu") != 0});
+    }
+  }
+
+  // tokens [B, T] (fairseq's padded batch), their positional embeddings [B, T, C] (none without): the output [T, B, C]
+  Tensor forward(const Tensor& tokens, const c10::optional<Tensor>& positions) const {
+    const int64_t B = tokens.size(0), T = tokens.size(1), C = embed_.size(1);
+    Tensor real = tokens.ne(padding_idx_);
+    Tensor x = at::embedding(embed_, tokens).mul_(embed_scale_);
+    if (positions.has_value()) x.add_(*positions);
+    if (has_embed_norm_) x = x.view({B * T, C}), embed_norm_(x);
+    x = x.view({B, T, C}).mul(real.unsqueeze(-1)).view({B * T, C});
+    Tensor hidden_pads = real.logical_not().view({B, 1, 1, T});
+    for (const Layer& layer : layers_) {
+      x = block(x, layer.self_norm, layer.pre_norm, [&](const Tensor& h) {
+        const int64_t H = layer.heads, K = C / H;
+        Tensor qkv = layer.in(h).view({B, T, 3, H, K}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, K]
+        Tensor scores = at::matmul(qkv[0] * (1.0 / std::sqrt(static_cast<double>(K))), qkv[1].transpose(-1, -2));
+        Tensor heads = at::matmul(at::softmax(scores.masked_fill_(hidden_pads, -INFINITY), -1), qkv[2]);
+        return layer.out(heads.permute({0, 2, 1, 3}).reshape({B * T, C}));
+      });
+      x = block(x, layer.ffn_norm, layer.pre_norm, [&](const Tensor& h) { return ffn(layer.fc1, layer.fc2, layer.gelu, h); });
+    }
+    if (has_final_norm_) final_norm_(x);
+    return x.view({B, T, C}).transpose(0, 1).contiguous();
+  }
+
+ private:
+  struct Layer {
+    Linear in, out, fc1, fc2;
+    Norm self_norm, ffn_norm;
+    int64_t heads;
+    bool pre_norm, gelu;
+  };
+  Tensor embed_;
+  double embed_scale_;
+  int64_t padding_idx_;
+  Norm embed_norm_, final_norm_;
+  bool has_embed_norm_ = false, has_final_norm_ = false;
+  std::vector<Layer> layers_;
 };
 
 struct Layer {
@@ -448,11 +541,9 @@ class Decoder {
     std::vector<std::vector<char>> ignore(S, std::vector<char>(beam, 0));  // fairseq's cands_to_ignore
     std::vector<std::vector<std::tuple<Tensor, Tensor, Tensor>>> found(S);
     std::vector<Tensor> states(initial), buffers[2];
-    for (const Tensor& state : initial) {
-      std::vector<int64_t> shape = state.sizes().vec();
-      shape[0] = S * beam;
-      for (auto& b : buffers) b.push_back(at::empty(shape, state.options()));
-    }
+    for (size_t i = 0; i < initial.size(); ++i)
+      for (int copy = 0; copy < 2; ++copy) buffers[copy].push_back(scratch(2 * i + copy, initial[i], S * beam));
+    Tensor scores = scratch(2 * initial.size(), bias.unsqueeze(0), S * beam);  // each step's log-probabilities
     // the first step reads each source's starting state (one row, or its beams')
     Tensor parents = at::arange(S * beam, bias.options().dtype(torch::kLong)).div_(S * beam / initial[0].size(0), "trunc");
     for (int64_t step = 0; step <= max_len && !active.empty(); ++step) {
@@ -470,7 +561,8 @@ class Decoder {
       Tensor logits = run(tokens, padding_idx_ + step + 1, table, sentence, parents, states, next, caches, source);
       states = next;
       if (temperature != 1.f) logits.div_(temperature);
-      Tensor lprobs = at::log_softmax(logits, 1);
+      Tensor lprobs = scores.narrow(0, 0, R);
+      at::log_softmax_out(lprobs, logits, 1);
       float* L = lprobs.data_ptr<float>();
       for (int64_t r = 0; r < R; ++r) {
         float* l = L + r * V;
@@ -489,14 +581,20 @@ class Decoder {
       std::vector<Row> grown;
       for (size_t i = 0; i < active.size(); ++i) {
         std::vector<std::pair<float, int64_t>> top;  // (score, beam x V + word), best first, ties by index
-        for (int64_t c = 0; c < width; ++c) {
-          const int64_t r = i * beam + c / V;
-          const float score = L[r * V + c % V] + (step == 0 ? 0.f : rows[r].scores.back());
-          if (static_cast<int64_t>(top.size()) == k && !(score > top.back().first)) continue;
-          auto at = std::upper_bound(top.begin(), top.end(), score,
-                                     [](float s, const std::pair<float, int64_t>& t) { return s > t.first; });
-          top.insert(at, {score, c});
-          if (static_cast<int64_t>(top.size()) > k) top.pop_back();
+        bool full = false;
+        float bound = -INFINITY;  // once full, the k-th score: a candidate must beat it
+        for (int64_t b = 0; b < width / V; ++b) {
+          const float* l = L + (i * beam + b) * V;
+          const float running = step == 0 ? 0.f : rows[i * beam + b].scores.back();
+          for (int64_t v = 0; v < V; ++v) {
+            const float score = l[v] + running;
+            if (full && !(score > bound)) continue;
+            auto at = std::upper_bound(top.begin(), top.end(), score,
+                                       [](float s, const std::pair<float, int64_t>& t) { return s > t.first; });
+            top.insert(at, {score, b * V + v});
+            if (static_cast<int64_t>(top.size()) > k) top.pop_back();
+            full = static_cast<int64_t>(top.size()) == k, bound = top.back().first;
+          }
         }
         std::vector<char> ends(k);
         for (int64_t j = 0; j < k; ++j) ends[j] = top[j].second % V == eos && top[j].first != -INFINITY;
@@ -561,6 +659,20 @@ class Decoder {
   Tensor output(const Tensor& x) const { return output_(x.contiguous()); }
 
  private:
+  // Buffer i for `rows` rows of `like`'s other sizes and type, kept between searches (at a batch's size, the causal
+  // states are tens of MB: allocated anew, every search would fault in their pages again).
+  Tensor scratch(size_t i, const Tensor& like, int64_t rows) {
+    if (scratch_.size() <= i) scratch_.resize(i + 1);
+    Tensor& b = scratch_[i];
+    if (!b.defined() || b.size(0) < rows || b.sizes().slice(1) != like.sizes().slice(1) ||
+        b.scalar_type() != like.scalar_type()) {
+      std::vector<int64_t> shape = like.sizes().vec();
+      shape[0] = rows;
+      b = at::empty(shape, like.options());
+    }
+    return b.narrow(0, 0, rows);
+  }
+
   // RFATransformerDecoder.align_sentences then get_normalized_probs on a row's log-probabilities l [V] (lengths [J]:
   // its source's sentences' tokens; last: the source's last sentence number)
   static void align(float* l, int64_t V, const Row& row, const float* lengths, int64_t last, int64_t separator,
@@ -599,28 +711,11 @@ class Decoder {
       if (layer.has_cross)
         x = block(x, layer.cross_norm, layer.pre_norm,
                   [&](const Tensor& h) { return layer.cross(h, caches[i], sentence, source); });
-      x = block(x, layer.ffn_norm, layer.pre_norm, [&](const Tensor& h) {
-        Tensor hidden = layer.fc1(h);
-        hidden = layer.gelu ? at::gelu(hidden) : hidden.clamp_min_(0.f);
-        return layer.fc2(hidden);
-      });
+      x = block(x, layer.ffn_norm, layer.pre_norm, [&](const Tensor& h) { return ffn(layer.fc1, layer.fc2, layer.gelu, h); });
     }
     if (has_final_norm_) final_norm_(x);
     if (project_out_.defined()) x = project_out_(x);
     return output_(x);
-  }
-
-  // fairseq's residual block: post-norm norm(x + f(x)), pre-norm x + f(norm(x))
-  template <typename Fn>
-  static Tensor block(const Tensor& x, const Norm& n, bool pre_norm, Fn&& f) {
-    if (pre_norm) {
-      Tensor h = x.clone();
-      n(h);
-      return f(h).add_(x);
-    }
-    Tensor y = f(x);
-    n(y, &x);
-    return y;
   }
 
   Tensor embed_;
@@ -630,6 +725,7 @@ class Decoder {
   Norm embed_norm_, final_norm_;
   bool has_embed_norm_ = false, has_final_norm_ = false;
   std::vector<Layer> layers_;
+  std::vector<Tensor> scratch_;
 };
 
 }  // namespace
@@ -641,5 +737,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("step", &Decoder::step, "one decoding step (see the C++ source)")
       .def("generate", &Decoder::generate, "the beam search over the steps (see the C++ source)")
       .def("output", &Decoder::output);
+  pybind11::class_<Encoder>(m, "Encoder")
+      .def(pybind11::init<const Weights&, const Numbers&, const std::vector<Weights>&, const std::vector<Numbers>&,
+                          int64_t>())
+      .def("forward", &Encoder::forward, "the encoder's output (see the C++ source)");
   m.def("reduce_range", &reduce_range, "whether int8 products quantize their inputs to 7 bits (no VNNI)");
 }

@@ -157,10 +157,35 @@ def test_a_language_models_steps_equal_eager(lm_model):
     assert step_engine.calls >= 15
 
 
+@pytest.mark.parametrize("extra", [[], ["--encoder-normalize-before", "--activation-fn", "gelu"],
+                                   ["--encoder-learned-pos", "--layernorm-embedding"], ["--sentence-index"]],
+                         ids=["post-norm", "pre-norm-gelu", "learned-pos-embed-norm", "sentence-index"])
+def test_the_compiled_encoder_equals_fairseqs(model_pair, translation_model, extra):
+    """compiled_step.cpp's Encoder against fairseq's softmax encoder, left-padded sources (outputs at the real
+    tokens); in int8 near float32; linear encoders run as they are."""
+    sample = None
+    for int8 in (False, True):
+        task, eager, engine, sep = model_pair(*GATE_SOFTMAX_CROSS, *extra, int8=int8)
+        sample = sample or _sample(task, sep)
+        src, encoder = sample["net_input"]["src_tokens"], engine.decoder.step_engine.encoder_engine
+        with torch.no_grad():
+            want = eager.encoder(src, sample["net_input"]["src_lengths"])["encoder_out"][0]
+            got = encoder.forward(src, eager.encoder.embed_positions(src))
+        real = src.ne(task.source_dictionary.pad()).t()
+        error = (got - want)[real].abs()
+        if int8:
+            assert 0 < error.mean() < 0.02 * want[real].abs().mean(), error.mean()
+        else:
+            torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+    _, linear = translation_model("--encoder-attention", "rfa", rfa_flags=False)
+    to_decoding_form_(linear.eval(), compiled_step=True)
+    assert linear.decoder.step_engine.encoder_engine is None and linear.decoder.step_engine.engine is not None
+
+
 def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
     """fbgemm's product against its arithmetic in float64 (the weight per output, the input per call quantized, each
     row divided by its largest magnitude first: a row's outputs do not depend on the other rows); the int8 step's
-    scores near float32's."""
+    scores and its causal states (bfloat16) near float32's."""
     task, eager, engine, sep = model_pair(*DOCUMENTS, int8=True)
     weight = eager.decoder.output_projection.weight.detach().double()
     x = torch.randn(5, weight.size(1)) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 0.1])[:, None]
@@ -177,9 +202,12 @@ def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
     assert (got.double() - x.double() @ weight.t()).abs().max() > 1e-4  # int8: not float32's product
     torch.testing.assert_close(product(x[:1]), got[:1], rtol=0, atol=0)  # a row alone as among others
     sample = _sample(task, sep)
-    (scores, _), (int8_scores, _) = _steps(eager, task, sample, sep), _steps(engine, task, sample, sep)
+    (scores, states), (int8_scores, int8_states) = _steps(eager, task, sample, sep), _steps(engine, task, sample, sep)
     error = torch.cat([(a - b).abs().flatten() for a, b in zip(scores[1:], int8_scores[1:])])
     assert 0 < error.mean() < 0.02 and error.max() < 0.2, (error.mean(), error.max())
+    for state, int8_state in zip(states, int8_states, strict=True):  # the causal states kept in bfloat16
+        assert int8_state.dtype == torch.bfloat16
+        assert (int8_state.float() - state).norm() < 0.02 * state.norm()
 
 
 def test_steps_under_autograd_run_eagerly_and_bad_models_are_refused(model_pair, translation_model, lm_model):

@@ -1,21 +1,24 @@
-"""``--task rfa_translation``'s beam search (LeanBeamSearch) against fairseq's SequenceGenerator, the naive reference:
-the same hypotheses (tokens, scores, positional scores, order) over decoders, beams, length limits and penalties, with
-sentences finishing at different steps (the batch shrinks), and candidates ending among the first beam; what it does
-not cover goes to fairseq's generator; fairseq's command lines build it through the task."""
+"""``--task rfa_translation``'s beam search (CompiledSearch: the compiled step's C++ search) against fairseq's
+SequenceGenerator over the same steps, the naive reference: the same hypotheses (tokens, scores, positional scores,
+order) over decoders, int8 and float32 steps, beams, length limits, penalties and temperature, with sentences finishing
+at different steps (the batch shrinks), candidates ending among the first beam and sentence-aligned decoding's ends
+forced; what it does not cover goes to fairseq's generator; fairseq's command lines build it through the task."""
 import argparse
 
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
 
+from rfa_fairseq.engines import compiled
 from rfa_fairseq.inference import to_decoding_form_
 from rfa_fairseq.models import rfa_decoder
-from rfa_fairseq.tasks import LeanBeamSearch, RFATranslationTask
+from rfa_fairseq.tasks import CompiledSearch, RFATranslationTask
 
 from rfa_test_utils import random_tokens
 
 # the flags, and a factor on </s>'s output weights that makes the untrained decoder end at different steps
-DECODERS = [pytest.param(["--rfa-gate"], 6.0, id="rfa-gate"), pytest.param(["--decoder-attention", "softmax"], -2.0, id="softmax"),
+DECODERS = [pytest.param(["--rfa-gate"], 6.0, id="rfa-gate"),
+            pytest.param(["--rfa-gate", "--cross-attention", "rfa"], 6.0, id="rfa-cross"),
             pytest.param(["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1"], 6.0, id="documents")]
 SETTINGS = [dict(beam_size=4, max_len_b=30), dict(beam_size=1, max_len_b=30),
             dict(beam_size=5, max_len_b=20, min_len=3, len_penalty=0.6, unk_penalty=0.5),
@@ -45,37 +48,8 @@ def _same(got, want):
             assert torch.equal(a["positional_scores"], b["positional_scores"])
 
 
+@pytest.mark.skipif(compiled.load() is None, reason="the compiled step could not be built here")
 @pytest.mark.parametrize("extra, ending", DECODERS)
-@pytest.mark.parametrize("settings", SETTINGS, ids=SETTING_IDS)
-def test_same_hypotheses_as_fairseqs_beam_search(documents_model, extra, ending, settings):
-    task, model, sep = documents_model(*extra)
-    eos = task.target_dictionary.eos()
-    with torch.no_grad():  # sentences end at different steps, and end and split often: every branch of a step runs
-        model.decoder.output_projection.weight[eos] *= ending
-        model.decoder.output_projection.weight[sep] *= 2.0
-    sample = _sample(task, sep)
-    with torch.no_grad():
-        want = SequenceGenerator([model], task.target_dictionary, **settings).forward(sample)
-        lean = LeanBeamSearch([model], task.target_dictionary, **settings)
-        got = lean.forward(sample)
-    _same(got, want)
-    lengths = {len(h["tokens"]) for nbest in want for h in nbest}
-    assert len(lengths) > 2, "hypotheses of few lengths do not exercise the batch shrinking"
-
-
-def test_same_hypotheses_where_sentences_reach_their_length_limit(documents_model, monkeypatch):
-    task, model, sep = documents_model("--rfa-gate", "--sentence-index")
-    sample = _sample(task, sep)
-    with torch.no_grad():
-        free = LeanBeamSearch([model], task.target_dictionary, beam_size=4, max_len_b=30).forward(sample)
-        monkeypatch.setattr(rfa_decoder, "SENTENCE_LENGTH", (0.5, 1.0))  # forces most sentences' ends
-        want = SequenceGenerator([model], task.target_dictionary, beam_size=4, max_len_b=30).forward(sample)
-        got = LeanBeamSearch([model], task.target_dictionary, beam_size=4, max_len_b=30).forward(sample)
-    _same(got, want)
-    assert [h["tokens"].tolist() for n in got for h in n] != [h["tokens"].tolist() for n in free for h in n]
-
-
-@pytest.mark.parametrize("extra, ending", [DECODERS[0], DECODERS[2]])
 @pytest.mark.parametrize("settings", SETTINGS, ids=SETTING_IDS)
 @pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8"])
 def test_the_compiled_search_gives_fairseqs_hypotheses_over_its_steps(documents_model, extra, ending, settings, int8,
@@ -88,17 +62,28 @@ def test_the_compiled_search_gives_fairseqs_hypotheses_over_its_steps(documents_
         model.decoder.output_projection.weight[sep] *= 2.0
     to_decoding_form_(model, compiled_step=True, int8=int8)
     engine, searches = model.decoder.step_engine, []
+    compiled_encoder, engine.encoder_engine = engine.encoder_engine, None  # fairseq's encoder, as the reference's
     generate = engine.generate
     monkeypatch.setattr(engine, "generate", lambda *a: searches.append(a) or generate(*a))
-    if model.decoder.sentence_alignment:
-        monkeypatch.setattr(rfa_decoder, "SENTENCE_LENGTH", (1.0, 2.0))
     sample = _sample(task, sep)
     with torch.no_grad():
+        free = CompiledSearch([model], task.target_dictionary, **settings).forward(sample)
+        if model.decoder.sentence_alignment:  # forces most sentences' ends
+            monkeypatch.setattr(rfa_decoder, "SENTENCE_LENGTH", (0.5, 1.0))
         want = SequenceGenerator([model], task.target_dictionary, **settings).forward(sample)
-        got = LeanBeamSearch([model], task.target_dictionary, **settings).forward(sample)
-    assert len(searches) == 1
+        got = CompiledSearch([model], task.target_dictionary, **settings).forward(sample)
+    assert len(searches) == 2
     _same(got, want)
-    assert len({len(h["tokens"]) for nbest in want for h in nbest}) > 2
+    assert len({len(h["tokens"]) for nbest in want for h in nbest}) > 2, "few lengths do not shrink the batch"
+    if model.decoder.sentence_alignment and settings["max_len_b"] > 2:
+        assert [h["tokens"].tolist() for n in got for h in n] != [h["tokens"].tolist() for n in free for h in n]
+    if not int8:  # the compiled encoder: the same hypotheses, their scores to float32's rounding
+        engine.encoder_engine = compiled_encoder
+        with torch.no_grad():
+            got = CompiledSearch([model], task.target_dictionary, **settings).forward(sample)
+        assert [[h["tokens"].tolist() for h in n] for n in got] == [[h["tokens"].tolist() for h in n] for n in want]
+        torch.testing.assert_close([h["positional_scores"] for n in got for h in n],
+                                   [h["positional_scores"] for n in want for h in n], rtol=0, atol=1e-5)
 
 
 def test_what_it_does_not_cover_is_fairseqs(documents_model, monkeypatch):
@@ -106,19 +91,23 @@ def test_what_it_does_not_cover_is_fairseqs(documents_model, monkeypatch):
     sample, called = _sample(task, sep, batch=2), []
     monkeypatch.setattr(SequenceGenerator, "_generate", lambda self, *a, **k: called.append(a) or "fairseq's")
     with torch.no_grad():
-        lean = LeanBeamSearch([model], task.target_dictionary, beam_size=2, max_len_b=10, no_repeat_ngram_size=2)
-        assert lean.forward(sample) == "fairseq's"
-        lean = LeanBeamSearch([model], task.target_dictionary, beam_size=2, max_len_b=10)
-        assert lean.forward(sample, prefix_tokens=torch.ones(2, 1, dtype=torch.long)) == "fairseq's"
-    assert len(called) == 2
+        search = CompiledSearch([model], task.target_dictionary, beam_size=2, max_len_b=10)
+        assert search.forward(sample) == "fairseq's"  # eager steps
+        to_decoding_form_(model, compiled_step=True)
+        search = CompiledSearch([model], task.target_dictionary, beam_size=2, max_len_b=10, no_repeat_ngram_size=2)
+        assert search.forward(sample) == "fairseq's"
+        search = CompiledSearch([model], task.target_dictionary, beam_size=2, max_len_b=10)
+        assert search.forward(sample, prefix_tokens=torch.ones(2, 1, dtype=torch.long)) == "fairseq's"
+        assert search.forward(sample) != "fairseq's"
+    assert len(called) == 3
 
 
 def test_the_task_builds_it_for_beam_search_and_fairseqs_where_attention_is_asked_for(documents_model):
     task, model, _ = documents_model("--rfa-gate")
     ours = RFATranslationTask(task.cfg, task.source_dictionary, task.target_dictionary)
     args = argparse.Namespace(beam=4, print_alignment=False)
-    assert type(ours.build_generator([model], args)) is LeanBeamSearch
+    assert type(ours.build_generator([model], args)) is CompiledSearch
     model.decoder.decoding_attention = True
     assert type(ours.build_generator([model], args)) is SequenceGenerator
     model.decoder.decoding_attention, args.print_alignment = False, "hard"
-    assert type(ours.build_generator([model], args)) is not LeanBeamSearch
+    assert type(ours.build_generator([model], args)) is not CompiledSearch
