@@ -36,7 +36,7 @@ RFA_MT = MT + ["--cross-attention", "rfa"]  # the paper's: RFA cross attention (
 MODELS = {
     "translation": {"softmax": ["--arch", "transformer_wmt_en_de"], "rfa": RFA_MT, "rfa_gate": RFA_MT + ["--rfa-gate"],
                     "rfa_softcross": MT, "rfa_gate_softcross": MT + ["--rfa-gate"],
-                    "softmax_plugin": MT + ["--decoder-attention", "softmax"],  # fairseq's softmax, the plugin's beam search
+                    "softmax_plugin": MT + ["--decoder-attention", "softmax"],  # fairseq's softmax, the plugin's cross attention
                     **{f"rfa_enc_{kind}": RFA_MT + ["--encoder-attention", kind] for kind in ("rfa", "favor", "lara")},
                     "gate_sentidx": MT + ["--rfa-gate", "--sentence-index"],
                     "softmax_sentidx": MT + ["--decoder-attention", "softmax", "--sentence-index"],

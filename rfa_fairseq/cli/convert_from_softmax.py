@@ -176,7 +176,7 @@ def main(argv=None):
                              "source's trained one kept, only self-attention becomes RFA) or rfa (the paper's model)")
     parser.add_argument("--decoder-attention", choices=DECODER_ATTENTIONS,
                         help="translation: rfa (the default) or softmax: fairseq's decoder kept as it is, no weight "
-                             "changed, for the plugin's leaner beam search at long sources")
+                             "changed but its cross attention's cache: one copy of the source per sentence")
     gen_parser_from_dataclass(parser, RFAConfig())
     args = parser.parse_args(argv)
     try:

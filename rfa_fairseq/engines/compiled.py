@@ -7,6 +7,9 @@ reading the modules' weights, copied once when the engine is made (``int8``: the
 least ``int8_min_weights`` numbers by fbgemm with int8 weights, one scale per output, packed once).
 The modules stay the model and each block's reference (tests/engines/test_compiled_step.py).
 
+With ``--task rfa_translation`` the whole beam search is one C++ call (:meth:`CompiledStep.generate`, fairseq's
+hypotheses: tests/tasks/test_translation.py), after the encoder's, compiled too where it is fairseq's softmax encoder.
+
 The beam's reorder is folded into the step as in :mod:`ops.causal_rfa.fused`: each causal layer defers ``new_order``
 (``parents`` in its buffer) and the step gathers the parents' rows as it reads the state, writing the advanced state
 into the spare buffer beside it. The first step starts each causal state at zero and has each cross attention cache
@@ -102,7 +105,8 @@ def _layer(layer: nn.Module, window: bool):
     if not isinstance(attention, CausalRFAttention):
         raise ValueError("--compiled-step runs RFA decoders (not --decoder-attention softmax)")
     weights, numbers = {"self_attn.projection": _features(attention)}, {
-        "normalize_before": float(layer.normalize_before), "gelu": _gelu(layer), "self_attn.gated": float(attention.gated), "self_attn.convex": float(attention.convex),
+        "normalize_before": float(layer.normalize_before), "gelu": _gelu(layer),
+        "self_attn.gated": float(attention.gated), "self_attn.convex": float(attention.convex),
         "self_attn.eps": float(attention.eps)}
     for name in ("self_attn.in_proj", "self_attn.out_proj", "fc1", "fc2"):
         _linear(weights, name, layer.get_submodule(name))
@@ -143,7 +147,6 @@ class CompiledStep:
         start = time.perf_counter()
         self.decoder, self.op, self.int8, self.int8_min_weights = decoder, load(), int8, int8_min_weights
         self.layers = list(decoder.layers)
-        self.state_dtype = torch.bfloat16 if int8 else torch.float32  # the causal states' (int8: half the bytes)
         self.engine = None if self.op is None else self._build(int8, int8_min_weights)
         self.encoder, self.encoder_engine = encoder, None  # the encoder's, where the search runs here
         if self.op is not None and encoder is not None:
@@ -175,7 +178,7 @@ class CompiledStep:
         for layer in self.layers:
             buffer = layer.self_attn._get_input_buffer(incremental_state)
             state = buffer.get("state")
-            if state is None or state.dtype != self.state_dtype or not state.is_contiguous():
+            if state is None or state.dtype != torch.float32 or not state.is_contiguous():
                 return None
             cache = self._cache(layer.encoder_attn, incremental_state, encoder_out)
             if cache is None:
@@ -262,8 +265,7 @@ class CompiledStep:
         for layer in self.layers:
             attn, features = layer.self_attn, layer.self_attn.feature_map
             attn._set_input_buffer(incremental_state, {"state": torch.zeros(
-                state_rows or rows, features.num_heads, features.output_dim, features.head_dim + 1,
-                dtype=self.state_dtype)})
+                state_rows or rows, features.num_heads, features.output_dim, features.head_dim + 1)})
             if layer.encoder_attn is not None and enc is not None:
                 layer.encoder_attn(enc.new_zeros(1, rows, layer.embed_dim), enc, enc, key_padding_mask=source_mask,
                                    incremental_state=incremental_state, static_kv=True, need_weights=False)

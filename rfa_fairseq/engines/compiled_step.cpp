@@ -57,6 +57,19 @@ inline float dot(const float* __restrict__ a, const float* __restrict__ b, int64
   return sum;
 }
 
+// max |a| over n numbers, in 16 lanes as dot
+inline float largest(const float* __restrict__ a, int64_t n) {
+  constexpr int64_t L = 16;
+  float lanes[L] = {};
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int64_t l = 0; l < L; ++l) lanes[l] = std::max(lanes[l], std::fabs(a[i + l]));
+  float m = 0.f;
+  for (; i < n; ++i) m = std::max(m, std::fabs(a[i]));
+  for (int64_t l = 0; l < L; ++l) m = std::max(m, lanes[l]);
+  return m;
+}
+
 // y [R, N] = x [R, C] w^T + b in float32, reading each weight once for all rows: at a few rows ATen's product (MKL)
 // spends more time packing the weight, on every call, than multiplying.
 void float_product(const float* x, int64_t R, int64_t C, const float* w, const float* b, int64_t N, float* y) {
@@ -101,14 +114,12 @@ struct Linear {
       const int64_t R = x.size(0), C = x.size(1);
       TORCH_CHECK(C > 1, "compiled step: an int8 product of one input");
       Tensor scaled = at::zeros({R + 1, C}, x.options());
-      std::vector<float> largest(R);
+      std::vector<float> scale(R);
       const float* in = x.data_ptr<float>();
       float* out = scaled.data_ptr<float>();
       for (int64_t r = 0; r < R; ++r) {
-        float m = 0.f;
-        for (int64_t c = 0; c < C; ++c) m = std::max(m, std::fabs(in[r * C + c]));
-        largest[r] = std::max(m, 1e-30f);
-        for (int64_t c = 0; c < C; ++c) out[r * C + c] = in[r * C + c] / largest[r];
+        scale[r] = std::max(largest(in + r * C, C), 1e-30f);
+        for (int64_t c = 0; c < C; ++c) out[r * C + c] = in[r * C + c] / scale[r];
       }
       out[R * C] = 1.f, out[R * C + 1] = -1.f;
       Tensor y = packed->apply_dynamic(scaled, reduce_range());
@@ -116,7 +127,7 @@ struct Linear {
       float* p = y.data_ptr<float>();
       const float* bias = b.defined() ? b.data_ptr<float>() : nullptr;
       for (int64_t r = 0; r < R; ++r)
-        for (int64_t n = 0; n < N; ++n) p[r * N + n] = p[r * N + n] * largest[r] + (bias ? bias[n] : 0.f);
+        for (int64_t n = 0; n < N; ++n) p[r * N + n] = p[r * N + n] * scale[r] + (bias ? bias[n] : 0.f);
       return y.narrow(0, 0, R);
     }
     if (x.size(0) > FEW_ROWS) return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
@@ -185,21 +196,6 @@ Tensor gaussian_features(const Tensor& x, const Tensor& projection) {
   return angles.sin_().mul_(1.f / std::sqrt(static_cast<float>(D)));
 }
 
-// One head's state [F, V] advanced, s -> d (float32, or bfloat16 under --int8-inference), in one pass that reads it
-// out too: d = decay s + k (x) v1, o += q^T d (in float32, before d is stored).
-template <typename T>
-void advance(const T* __restrict__ s, T* __restrict__ d, const float* k, const float* q, const float* v1, float decay,
-             int64_t F, int64_t V, float* __restrict__ o) {
-  for (int64_t f = 0; f < F; ++f) {
-    const float kf = k[f], qf = q[f];
-    for (int64_t c = 0; c < V; ++c) {
-      const float value = decay * static_cast<float>(s[f * V + c]) + kf * v1[c];
-      d[f * V + c] = static_cast<T>(value);
-      o[c] += qf * value;
-    }
-  }
-}
-
 // Causal RFA's step (CausalRFAttention._step with ops.causal_rfa.fused's one pass over the state).
 struct CausalRFA {
   Linear in, out;
@@ -219,16 +215,10 @@ struct CausalRFA {
     Tensor qk = y.narrow(1, 0, 2 * C).reshape({R * 2, H, K});
     Tensor phi = gaussian_features(qk, projection).view({R, 2, H, F});
     Tensor heads = at::empty({R, H, K}, x.options());
-    TORCH_CHECK(old.scalar_type() == next.scalar_type() && (old.scalar_type() == torch::kFloat ||
-                old.scalar_type() == torch::kBFloat16), "compiled step: a causal state neither float32 nor bfloat16");
-    const bool half = old.scalar_type() == torch::kBFloat16;
-    const float *Y = y.data_ptr<float>(), *PHI = phi.data_ptr<float>();
-    const float* src = half ? nullptr : old.data_ptr<float>();
-    const c10::BFloat16* half_src = half ? old.data_ptr<c10::BFloat16>() : nullptr;
+    const float *Y = y.data_ptr<float>(), *PHI = phi.data_ptr<float>(), *src = old.data_ptr<float>();
     const bool *is_pad = pad.defined() ? pad.data_ptr<bool>() : nullptr;
     const int64_t* P = parents.data_ptr<int64_t>();
-    float *dst = half ? nullptr : next.data_ptr<float>(), *O = heads.data_ptr<float>();
-    c10::BFloat16* half_dst = half ? next.data_ptr<c10::BFloat16>() : nullptr;
+    float *dst = next.data_ptr<float>(), *O = heads.data_ptr<float>();
     const int64_t width = y.size(1), rows = old.size(0);
     for (int64_t r = 0; r < R; ++r) TORCH_CHECK(P[r] >= 0 && P[r] < rows, "compiled step: a parent out of range");
     at::parallel_for(0, R * H, 1, [&](int64_t begin, int64_t end) {
@@ -246,11 +236,17 @@ struct CausalRFA {
         v1[K] = write;
         const float* q = PHI + (r * 2 * H + h) * F;
         const float* k = PHI + (r * 2 * H + H + h) * F;
+        const float* __restrict__ s = src + (P[r] * H + h) * F * V;
+        float* __restrict__ d = dst + i * F * V;
         std::fill(o.begin(), o.end(), 0.f);
-        if (half)
-          advance(half_src + (P[r] * H + h) * F * V, half_dst + i * F * V, k, q, v1.data(), decay, F, V, o.data());
-        else
-          advance(src + (P[r] * H + h) * F * V, dst + i * F * V, k, q, v1.data(), decay, F, V, o.data());
+        for (int64_t f = 0; f < F; ++f) {
+          const float kf = k[f], qf = q[f];
+          for (int64_t c = 0; c < V; ++c) {
+            const float value = decay * s[f * V + c] + kf * v1[c];
+            d[f * V + c] = value;
+            o[c] += qf * value;
+          }
+        }
         const float den = std::max(o[K], eps);
         for (int64_t c = 0; c < K; ++c) O[i * K + c] = o[c] / den;
       }
@@ -398,7 +394,8 @@ class Encoder {
         Tensor heads = at::matmul(at::softmax(scores.masked_fill_(hidden_pads, -INFINITY), -1), qkv[2]);
         return layer.out(heads.permute({0, 2, 1, 3}).reshape({B * T, C}));
       });
-      x = block(x, layer.ffn_norm, layer.pre_norm, [&](const Tensor& h) { return ffn(layer.fc1, layer.fc2, layer.gelu, h); });
+      x = block(x, layer.ffn_norm, layer.pre_norm,
+                [&](const Tensor& h) { return ffn(layer.fc1, layer.fc2, layer.gelu, h); });
     }
     if (has_final_norm_) final_norm_(x);
     return x.view({B, T, C}).transpose(0, 1).contiguous();
@@ -506,7 +503,7 @@ class Decoder {
                next, caches, source);
   }
 
-  // The task's beam search (tasks/translation.py's LeanBeamSearch, fairseq's hypotheses) over this decoder's steps,
+  // fairseq's beam search (SequenceGenerator with search.BeamSearch, its hypotheses) over this decoder's steps,
   // one call for a batch of S sources: per layer the causal state each source starts from [S, ...] and its cross
   // attention's cache [S, ...]; the scores' bias [V] (pad, --unkpen); search: beam, max_len, min_len, eos, the
   // sentence separator (-1: none) and with sentence-aligned decoding (the sources' sentence lengths [S, J] and last
@@ -524,7 +521,8 @@ class Decoder {
     const Tensor last = last_.has_value() ? last_->contiguous() : Tensor();
     const float* B = bias.data_ptr<float>();
     const int64_t V = bias.size(0), J = lengths.defined() ? lengths.size(1) : 0;  // lengths: each source's beams
-    TORCH_CHECK(!lengths.defined() || lengths.size(0) == S * beam, "compiled search: sentence lengths of another batch");
+    TORCH_CHECK(!lengths.defined() || lengths.size(0) == S * beam,
+                "compiled search: sentence lengths of another batch");
     const Bounds bounds = lengths.defined() ? Bounds{static_cast<float>(number(search, "sentence_min")),
         static_cast<float>(number(search, "length_a")), static_cast<float>(number(search, "length_b")),
         static_cast<float>(number(search, "forbidden_eos"))} : Bounds{};
@@ -545,7 +543,8 @@ class Decoder {
       for (int copy = 0; copy < 2; ++copy) buffers[copy].push_back(scratch(2 * i + copy, initial[i], S * beam));
     Tensor scores = scratch(2 * initial.size(), bias.unsqueeze(0), S * beam);  // each step's log-probabilities
     // the first step reads each source's starting state (one row, or its beams')
-    Tensor parents = at::arange(S * beam, bias.options().dtype(torch::kLong)).div_(S * beam / initial[0].size(0), "trunc");
+    Tensor parents = at::arange(S * beam, bias.options().dtype(torch::kLong));
+    parents.div_(S * beam / initial[0].size(0), "trunc");
     for (int64_t step = 0; step <= max_len && !active.empty(); ++step) {
       const int64_t R = active.size() * beam;
       Tensor tokens = at::empty({R}, parents.options()), sentence = at::empty({R}, parents.options());
@@ -569,13 +568,13 @@ class Decoder {
         if (lengths.defined())
           align(l, V, rows[r], lengths.data_ptr<float>() + source[r] / copies * beam * J,
                 last.data_ptr<int64_t>()[source[r] / copies * beam], separator, eos, bounds);
-        for (int64_t v = 0; v < V; ++v) l[v] = (std::isnan(l[v]) ? -INFINITY : l[v]) + B[v];
         if (step >= max_len)
           for (int64_t v = 0; v < V; ++v) l[v] = v == eos ? l[v] : -INFINITY;
         else if (step < min_len)
           l[eos] = -INFINITY;
       }
-      // per source its 2 x beam best candidates (beam x V scores, the first beam's alone at the first step)
+      // per source its 2 x beam best candidates (beam x V scores, the first beam's alone at the first step), each
+      // a word's log-probability (NaN as -inf) plus fairseq's bias, plus its hypothesis's score
       const int64_t width = step == 0 ? V : beam * V, k = std::min(2 * beam, width - 1);
       std::vector<int64_t> kept, parent;
       std::vector<Row> grown;
@@ -587,7 +586,7 @@ class Decoder {
           const float* l = L + (i * beam + b) * V;
           const float running = step == 0 ? 0.f : rows[i * beam + b].scores.back();
           for (int64_t v = 0; v < V; ++v) {
-            const float score = l[v] + running;
+            const float score = ((std::isnan(l[v]) ? -INFINITY : l[v]) + B[v]) + running;
             if (full && !(score > bound)) continue;
             auto at = std::upper_bound(top.begin(), top.end(), score,
                                        [](float s, const std::pair<float, int64_t>& t) { return s > t.first; });
@@ -711,7 +710,8 @@ class Decoder {
       if (layer.has_cross)
         x = block(x, layer.cross_norm, layer.pre_norm,
                   [&](const Tensor& h) { return layer.cross(h, caches[i], sentence, source); });
-      x = block(x, layer.ffn_norm, layer.pre_norm, [&](const Tensor& h) { return ffn(layer.fc1, layer.fc2, layer.gelu, h); });
+      x = block(x, layer.ffn_norm, layer.pre_norm,
+                [&](const Tensor& h) { return ffn(layer.fc1, layer.fc2, layer.gelu, h); });
     }
     if (has_final_norm_) final_norm_(x);
     if (project_out_.defined()) x = project_out_(x);

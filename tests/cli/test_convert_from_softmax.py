@@ -102,7 +102,7 @@ def test_cross_attention_is_kept_as_trained_unless_rfa_is_asked_for(softmax, tmp
 
 def test_softmax_decoder_kept_decodes_as_the_source(softmax, tmp_path):
     """--decoder-attention softmax: every weight as it was and none added; fairseq-generate writes
-    the source model's hypotheses (the plugin's beam search, one copy of the source per sentence)."""
+    the source model's hypotheses (the plugin's cross attention: one copy of the source per sentence)."""
     plugin = tmp_path / "plugin.pt"
     out = convert(softmax["mt"], plugin, "--decoder-attention", "softmax")
     assert set(out["model"]) == set(torch.load(softmax["mt"], weights_only=True)["model"])

@@ -185,7 +185,7 @@ def test_the_compiled_encoder_equals_fairseqs(model_pair, translation_model, ext
 def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
     """fbgemm's product against its arithmetic in float64 (the weight per output, the input per call quantized, each
     row divided by its largest magnitude first: a row's outputs do not depend on the other rows); the int8 step's
-    scores and its causal states (bfloat16) near float32's."""
+    scores near float32's."""
     task, eager, engine, sep = model_pair(*DOCUMENTS, int8=True)
     weight = eager.decoder.output_projection.weight.detach().double()
     x = torch.randn(5, weight.size(1)) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 0.1])[:, None]
@@ -202,12 +202,9 @@ def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
     assert (got.double() - x.double() @ weight.t()).abs().max() > 1e-4  # int8: not float32's product
     torch.testing.assert_close(product(x[:1]), got[:1], rtol=0, atol=0)  # a row alone as among others
     sample = _sample(task, sep)
-    (scores, states), (int8_scores, int8_states) = _steps(eager, task, sample, sep), _steps(engine, task, sample, sep)
+    (scores, _), (int8_scores, _) = _steps(eager, task, sample, sep), _steps(engine, task, sample, sep)
     error = torch.cat([(a - b).abs().flatten() for a, b in zip(scores[1:], int8_scores[1:])])
     assert 0 < error.mean() < 0.02 and error.max() < 0.2, (error.mean(), error.max())
-    for state, int8_state in zip(states, int8_states, strict=True):  # the causal states kept in bfloat16
-        assert int8_state.dtype == torch.bfloat16
-        assert (int8_state.float() - state).norm() < 0.02 * state.norm()
 
 
 def test_steps_under_autograd_run_eagerly_and_bad_models_are_refused(model_pair, translation_model, lm_model):
