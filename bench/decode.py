@@ -40,8 +40,7 @@ MODELS = {
                     **{f"rfa_enc_{kind}": RFA_MT + ["--encoder-attention", kind] for kind in ("rfa", "favor", "lara")},
                     "gate_sentidx": MT + ["--rfa-gate", "--sentence-index"],
                     "softmax_sentidx": MT + ["--decoder-attention", "softmax", "--sentence-index"],
-                    **{f"gate_sentidx_window1{o}": MT + ["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1", *f]
-                       for o, f in (("", []), ("_compiled", ["--compiled-step"]), ("_int8", ["--int8-inference"]))},
+                    "gate_sentidx_window1": MT + ["--rfa-gate", "--sentence-index", "--cross-sentence-window", "1"],
                     "rfa_gate_graphs": RFA_MT + ["--rfa-gate", "--cuda-graphs"],
                     "rfa_gate_softcross_graphs": MT + ["--rfa-gate", "--cuda-graphs"]},
     "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": LM + BASE, "rfa_gate": LM + ["--rfa-gate"] + BASE,

@@ -19,11 +19,13 @@ INT8_MIN_WEIGHTS = 0
 class InferenceConfig(FairseqDataclass):
     compiled_step: bool = field(default=False, metadata={
         "help": "at inference on the CPU, every decoding step run by the project's compiled layers "
-                "(rfa_fairseq/engines/compiled_step.cpp, built for the CPU on first use). RFA decoders with the "
-                "gaussian kernel. For a trained checkpoint: --model-overrides \"{'compiled_step': True}\""})
+                "(rfa_fairseq/engines/compiled_step.cpp, built for the CPU on first use); with --task rfa_translation "
+                "the encoder and the beam search too. RFA decoders with the gaussian kernel. For a trained "
+                "checkpoint: --model-overrides \"{'compiled_step': True}\""})
     int8_inference: bool = field(default=False, metadata={
         "help": "--compiled-step with its products by weight matrices in int8 (fbgemm through torch: the weights one "
-                "scale per output, the inputs quantized per step; decoding steps only, not fairseq-eval-lm's scoring). "
+                "scale per output, the inputs quantized per step; the compiled layers only, not fairseq-eval-lm's "
+                "scoring). "
                 "For a trained checkpoint: --model-overrides \"{'int8_inference': True}\""})
     int8_min_weights: int = field(default=INT8_MIN_WEIGHTS, metadata={
         "help": "with --int8-inference, only the weight matrices of at least this many numbers (0: all)"})
