@@ -504,11 +504,12 @@ class Decoder {
   }
 
   // fairseq's beam search (SequenceGenerator with search.BeamSearch, its hypotheses) over this decoder's steps,
-  // one call for a batch of S sources: per layer the causal state each source starts from [S, ...] and its cross
-  // attention's cache [S, ...]; the scores' bias [V] (pad, --unkpen); search: beam, max_len, min_len, eos, the
-  // sentence separator (-1: none) and with sentence-aligned decoding (the sources' sentence lengths [S, J] and last
-  // sentence numbers [S]: RFATransformerDecoder.align_sentences) its bounds. Per source its hypotheses: the tokens
-  // (</s> last), each token's score and their sum (before --lenpen's normalisation).
+  // one call for a batch of S sources: per layer the causal state the first step reads (one row for every
+  // hypothesis, a row per source or per hypothesis) and its cross attention's cache (a row per source or per
+  // hypothesis); the scores' bias [V] (pad, --unkpen); search: beam, max_len, min_len, eos, the sentence separator
+  // (-1: none) and with sentence-aligned decoding (per hypothesis its source's sentence lengths [S x beam, J] and last
+  // sentence number [S x beam]: RFATransformerDecoder.align_sentences) its bounds. Per source its hypotheses: the
+  // tokens (</s> last), each token's score and their sum (before --lenpen's normalisation).
   std::vector<std::vector<std::tuple<Tensor, Tensor, Tensor>>> generate(
       const std::vector<Tensor>& initial, const std::vector<std::vector<Tensor>>& caches,
       const c10::optional<Tensor>& table, const Tensor& bias_, const Numbers& search,
