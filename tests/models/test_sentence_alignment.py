@@ -12,6 +12,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from rfa_fairseq.inference import to_decoding_form_
 from rfa_fairseq.models import rfa_decoder
 from rfa_fairseq.models.rfa_decoder import FORBIDDEN_EOS
+from rfa_fairseq.tasks import CompiledSearch
 
 from rfa_test_utils import random_tokens
 
@@ -105,7 +106,8 @@ def test_beam_search_writes_one_sentence_per_source_sentence(documents_model, ex
         to_decoding_form_(model, compiled_step=True)
     sentences = [4, 1, 2, 6]
     src, lengths = _documents(task, sep, sentences)
-    gen = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=200)
+    search = CompiledSearch if engine == "compiled" else SequenceGenerator  # compiled: the search in C++ too
+    gen = search([model], task.target_dictionary, beam_size=3, max_len_b=200)
     with torch.no_grad():
         hypos = gen.forward({"id": torch.arange(4), "net_input": {"src_tokens": src, "src_lengths": lengths}})
     for n, nbest in zip(sentences, hypos):

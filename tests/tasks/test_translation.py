@@ -98,8 +98,9 @@ def test_what_it_does_not_cover_is_fairseqs(documents_model, monkeypatch):
         assert search.forward(sample) == "fairseq's"
         search = CompiledSearch([model], task.target_dictionary, beam_size=2, max_len_b=10)
         assert search.forward(sample, prefix_tokens=torch.ones(2, 1, dtype=torch.long)) == "fairseq's"
-        assert search.forward(sample) != "fairseq's"
-    assert len(called) == 3
+        built = compiled.load() is not None  # where the C++ cannot be built, every search is fairseq's
+        assert (search.forward(sample) != "fairseq's") == built
+    assert len(called) == 4 - built
 
 
 def test_the_task_builds_it_for_beam_search_and_fairseqs_where_attention_is_asked_for(documents_model):
