@@ -3,6 +3,7 @@
 recipe, then finetuned on the documents (``screen_docs``: the documents alone); sacreBLEU over whole documents, by length.
 
     python results/documents.py --variants softmax gate_softcross --seeds 1 2 3
+    python results/documents.py --reverse ...   # en -> de, in --work and --out with "_en_de" added
 """
 import json
 import sys
@@ -23,6 +24,8 @@ SETTINGS = {"final": dict(quality.SETTINGS["final"], finetune=dict(FINETUNE, upd
             "screen": dict(quality.SETTINGS["screen"], finetune=FINETUNE),
             "screen_long": dict(quality.SETTINGS["screen"], finetune=dict(FINETUNE, updates=1200)),
             "screen_docs": dict(quality.SETTINGS["screen"])}  # the documents alone, from scratch
+LANGS = ("de", "en")  # source, target (--reverse: en -> de)
+QUANTILES = (0.0, 0.002, 0.01, 0.05)  # --sentence-min candidates: these quantiles of the training sentences' ratios
 CUT = 0.8  # a document cut short: fewer than this share of its reference's sentences written
 BUCKETS = [(0, 128), (128, 256), (256, 512), (512, None)]
 POSITIONS = ["--max-source-positions", "1280", "--max-target-positions", "1280"]  # the longest: 1,243 subwords
@@ -49,27 +52,36 @@ METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [
 TIME = "s_per_update_with_validation"
 
 
-def prepare(a):  # quality.py's data as documents in --work/docs (SPLIT.ref.en, SPLIT.tgt_tokens); the sentences in docs/sentences
-    sent, docs = quality.prepare(a), a.work / "docs"
-    if not (docs / "bin" / "dict.en.txt").exists():
+def add_args(p):
+    p.add_argument("--reverse", action="store_true", help='en -> de, in --work and --out with "_en_de" added')
+
+
+def prepare(a):  # quality.py's data as documents in --work/docs (SPLIT.ref, SPLIT.tgt_tokens); the sentences in docs/sentences
+    global LANGS
+    if a.reverse:
+        LANGS = ("en", "de")
+        a.work, a.out = a.work.with_name(a.work.name + "_en_de"), a.out.with_name(f"{a.out.stem}_en_de{a.out.suffix}")
+        a.work.mkdir(parents=True, exist_ok=True)
+    (src, tgt), sent, docs = LANGS, quality.prepare(a), a.work / "docs"
+    if not (docs / "bin" / f"dict.{tgt}.txt").exists():
         docs.mkdir(parents=True, exist_ok=True)
         for split in ("train", "valid", "test"):
             pieces = {lang: (sent / f"{split}.spm.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("de", "en")}
-            encoded = make_documents(pieces["de"], pieces["en"])
-            for lang, side in (("de", "src"), ("en", "tgt")):
+            encoded = make_documents(pieces[src], pieces[tgt])
+            for lang, side in ((src, "src"), (tgt, "tgt")):
                 (docs / f"{split}.spm.{lang}").write_text("".join(getattr(d, side) + "\n" for d in encoded), encoding="utf-8")
             if split != "train":  # the references as shipped, grouped the same way (same line count, same seed)
-                text = make_documents(*(read_lines(str(ROOT / f"data/multi30k/{split}.{lang}.gz")) for lang in ("de", "en")))
+                text = make_documents(*(read_lines(str(ROOT / f"data/multi30k/{split}.{lang}.gz")) for lang in LANGS))
                 assert [d.size for d in text] == [d.size for d in encoded]
-                (docs / f"{split}.ref.en").write_text("".join(" ".join(split_document(d.tgt)) + "\n" for d in text), encoding="utf-8")
+                (docs / f"{split}.ref").write_text("".join(" ".join(split_document(d.tgt)) + "\n" for d in text), encoding="utf-8")
                 (docs / f"{split}.tgt_tokens").write_text("".join(f"{len(d.tgt.split())}\n" for d in encoded))
-        run([tool("fairseq-preprocess"), "--source-lang", "de", "--target-lang", "en", "--joined-dictionary",
+        run([tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt, "--joined-dictionary",
              "--workers", "1", *[f for s in ("train", "valid", "test") for f in (f"--{s}pref", docs / f"{s}.spm")],
              "--destdir", docs / "bin"], docs / "preprocess.log")
-    if not (docs / "sentences" / "bin" / "valid.de-en.en.idx").exists():
+    if not (docs / "sentences" / "bin" / f"valid.{src}-{tgt}.{tgt}.idx").exists():
         (docs / "sentences").mkdir(exist_ok=True)
-        run([tool("fairseq-preprocess"), "--source-lang", "de", "--target-lang", "en", "--workers", "1",
-             "--srcdict", docs / "bin" / "dict.de.txt", "--tgtdict", docs / "bin" / "dict.en.txt",
+        run([tool("fairseq-preprocess"), "--source-lang", src, "--target-lang", tgt, "--workers", "1",
+             "--srcdict", docs / "bin" / f"dict.{src}.txt", "--tgtdict", docs / "bin" / f"dict.{tgt}.txt",
              "--trainpref", sent / "train.spm", "--validpref", sent / "valid.spm", "--destdir", docs / "sentences" / "bin"],
             docs / "sentences" / "preprocess.log")
     return docs
@@ -93,13 +105,14 @@ def score(generated: Path, refs: Path, lengths: Path, pieces: Path) -> dict:
         found[f"repeats{tail}"] = round(sum(a == b for i in pick for a, b in zip(outputs[i], outputs[i][1:])) / written, 3)
         share = [len(outputs[i]) / ref_sentences[i] for i in pick]
         found[f"cut{tail}"], found[f"fewest{tail}"] = sum(x < CUT for x in share), round(min(share), 3)
+        found[f"equal{tail}"] = sum(len(outputs[i]) == ref_sentences[i] for i in pick)  # the source's sentence count
         if lo is not None:
             found[f"docs_{lo}"] = len(pick)
     return found
 
 
 def scores(out: Path, data: Path, split: str) -> dict:
-    found = score(out / f"generate.{split}.out", data / f"{split}.ref.en", data / f"{split}.tgt_tokens", data / f"{split}.spm.en")
+    found = score(out / f"generate.{split}.out", data / f"{split}.ref", data / f"{split}.tgt_tokens", data / f"{split}.spm.{LANGS[1]}")
     return {f"{split}_{k}": v for k, v in found.items()}
 
 
@@ -167,6 +180,22 @@ def endings(ckpt: Path, data: Path, split: str) -> dict:
     return {f"{split}_{k}": round(sum(v) / len(v), 4) for k, v in found.items()}
 
 
+def bounds(data: Path, out: Path, a) -> dict:
+    """valid and test decoded free and aligned with each QUANTILES floor (in out/bounds): {split}_{how}_{score}."""
+    from rfa_fairseq.models.rfa_transformer import training_sentence_min
+    _, task, _, sep, _ = _model(out / "checkpoint_last.pt", data, "valid")
+    found, ways = {}, {"free": {"no_sentence_alignment": True}}
+    ways.update({f"q{q}": {"sentence_min": training_sentence_min(task, sep, q)} for q in QUANTILES})
+    for how, overrides in ways.items():
+        found.update({f"{how}_floor": overrides.get("sentence_min")})
+        for split in ("valid", "test"):
+            (there := out / "bounds" / how).mkdir(parents=True, exist_ok=True)
+            bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref", there, a,
+                 post=("--post-process", "sentencepiece", *POSITIONS, *GENERATE, "--model-overrides", repr(overrides)))
+            found.update({f"{how}_{k}": v for k, v in scores(there, data, split).items()})
+    return found
+
+
 def rescore(variant, s, seed, data, out, a, record) -> dict:
     """The scores again and the alignment; nothing if the folder's outputs are another run's (other scores)."""
     found = {k: v for split in ("valid", "test") for k, v in scores(out, data, split).items()}
@@ -174,7 +203,8 @@ def rescore(variant, s, seed, data, out, a, record) -> dict:
         print(f"[{NAME}]   {out} holds another run's outputs ({found['valid_bleu']} / {found['test_bleu']} BLEU, "
               f"recorded {record.get('valid_bleu')} / {record.get('test_bleu')}): left as recorded", flush=True)
         return {}
-    return {**found, **alignment(out / "checkpoint_last.pt", data, "test"), **endings(out / "checkpoint_last.pt", data, "valid")}
+    return {**found, **alignment(out / "checkpoint_last.pt", data, "test"), **endings(out / "checkpoint_last.pt", data, "valid"),
+            **(bounds(data, out, a) if "--sentence-index" in VARIANTS[variant][1] else {})}
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
@@ -190,10 +220,12 @@ def run_one(variant, s, seed, data, out, a) -> dict:
     else:
         record.update(train(flags(s, data), out, s["updates"], a))
     for split in ("valid", "test"):
-        r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref.en", out, a,  # scores replaced below
+        r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref", out, a,  # scores replaced below
                  post=("--post-process", "sentencepiece", *POSITIONS, *GENERATE))
         record.update(scores(out, data, split), **{f"{split}_tokens_per_s": r.get("tokens_per_s")})
     record.update(alignment(out / "checkpoint_last.pt", data, "test"), **endings(out / "checkpoint_last.pt", data, "valid"))
+    if "--sentence-index" in extra:
+        record.update(bounds(data, out, a))
     (out / "record.json").write_text(json.dumps(record))
     return record
 

@@ -25,6 +25,8 @@ non_negative_int = partial(_number, types=int, ok=lambda v: v >= 0, what="0 or a
 positive_finite = partial(_number, types=(int, float), ok=lambda v: math.isfinite(v) and v > 0,
                           what="a positive finite number")
 finite = partial(_number, types=(int, float), ok=math.isfinite, what="a finite number")
+non_negative_finite = partial(_number, types=(int, float), ok=lambda v: math.isfinite(v) and v >= 0,
+                              what="0 or a positive finite number")
 
 
 def one_of(name: str, value, choices) -> str:

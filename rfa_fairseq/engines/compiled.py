@@ -240,7 +240,7 @@ class CompiledStep:
                    "separator": -1 if d.sentence_separator is None else d.sentence_separator}
         if d.sentence_alignment:
             sentences = d.source_sentences(encoder_out)
-            numbers.update(sentence_min=rfa_decoder.SENTENCE_MIN, length_a=rfa_decoder.SENTENCE_LENGTH[0],
+            numbers.update(sentence_min=d.sentence_min, length_a=rfa_decoder.SENTENCE_LENGTH[0],
                            length_b=rfa_decoder.SENTENCE_LENGTH[1], forbidden_eos=rfa_decoder.FORBIDDEN_EOS)
         found = []
         for hypotheses in self.engine.generate(initial, caches, table, bias, numbers, sentences.get("length"),

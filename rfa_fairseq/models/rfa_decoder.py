@@ -21,7 +21,9 @@ RFA_CHECKPOINT_VERSION = 1
 # The log probability of </s> where sentence-aligned decoding forbids it: exp(-80) ~ 2e-35, still above float32's zero
 FORBIDDEN_EOS = -80.0
 # Sentence-aligned decoding ends a sentence (<sep>, or </s> after the last) at (a, b): a x its source sentence's tokens
-# (with its <sep> or </s>) + b, which no training sentence reaches (a loop's stop); none before SENTENCE_MIN x them.
+# (with its <sep> or </s>) + b, which no training sentence of either Multi30k direction reaches (a loop's stop); none
+# before the decoder's sentence_min x them (--sentence-min; SENTENCE_MIN where the model kept none and no training
+# data is at hand: the floor chosen on Multi30k de->en's valid split, and the one of checkpoints saved before).
 SENTENCE_LENGTH, SENTENCE_MIN = (2.0, 10.0), 0.5
 
 
@@ -83,7 +85,7 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         # set by the model's builder: <sep>'s indexes (--sentence-index), --cross-sentence-window, and whether
         # decoding writes one sentence per source sentence (--sentence-index without --no-sentence-alignment)
         self.sentence_separator = self.source_separator = None
-        self.cross_sentence_window, self.sentence_alignment = -1, False
+        self.cross_sentence_window, self.sentence_alignment, self.sentence_min = -1, False, SENTENCE_MIN
         self._stateful = None  # the modules that keep decoding state (reorder_incremental_state_scripting)
         self.step_engine = None  # runs decoding steps in place of the modules: an engine of rfa_fairseq/engines/
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn,
@@ -106,8 +108,8 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
     def align_sentences(self, out, prev_output_tokens, encoder_out, incremental_state):
         """Sentence-aligned decoding (``sentence_alignment``): a step's separators per row against its source's
         (counted once, with the source sentences' lengths, in ``incremental_state``); where fewer, ``</s>`` is
-        forbidden, else ``<sep>``, both in a sentence short of SENTENCE_MIN; one at SENTENCE_LENGTH must end: ``out``
-        gets ``forbid_eos``, ``forbid_sep`` and ``end`` ``[B]`` for :meth:`get_normalized_probs`."""
+        forbidden, else ``<sep>``, both in a sentence short of ``sentence_min``; one at SENTENCE_LENGTH must end:
+        ``out`` gets ``forbid_eos``, ``forbid_sep`` and ``end`` ``[B]`` for :meth:`get_normalized_probs`."""
         if not self.sentence_alignment or incremental_state is None or encoder_out is None:
             return out
         source = self.get_incremental_state(incremental_state, "sentences")
@@ -119,7 +121,7 @@ class SoftmaxTransformerDecoder(TransformerDecoderBase):
         start = torch.where(is_sep, position, 0).amax(1)  # the last <sep>
         n = source["length"].gather(1, torch.minimum(written, source["last"])[:, None])[:, 0]
         current, more = position.size(0) - 1 - start, written < source["last"]  # the sentence's tokens so far
-        short, end = current < n * SENTENCE_MIN, current >= n * SENTENCE_LENGTH[0] + SENTENCE_LENGTH[1]
+        short, end = current < n * self.sentence_min, current >= n * SENTENCE_LENGTH[0] + SENTENCE_LENGTH[1]
         out[1].update(forbid_eos=more | short, forbid_sep=~more | short, end=end)
         return out
 

@@ -1,5 +1,6 @@
 """Translation: model ``rfa_transformer`` (fairseq's TransformerModel with an RFA decoder) and its architectures."""
 import argparse
+import logging
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
@@ -8,15 +9,21 @@ from fairseq.models.transformer.transformer_legacy import (base_architecture, tr
                                                            transformer_vaswani_wmt_en_de_big,
                                                            transformer_vaswani_wmt_en_fr_big, transformer_wmt_en_de)
 from omegaconf import OmegaConf
+import torch
 
 from ..config import RFAConfig, fill_defaults, rfa_config_from
 from ..modules import CrossRFAttention
 from ..validation import divisible_heads
 from ..inference import InferenceConfig, InferenceMixin
-from .rfa_decoder import RFATransformerDecoder, SoftmaxTransformerDecoder
+from .rfa_decoder import SENTENCE_MIN, RFATransformerDecoder, SoftmaxTransformerDecoder
 from .rfa_encoder import RFATransformerEncoder, SoftmaxTransformerEncoder
-from .sentence_index import add_sentence_index, separator_index
+from .sentence_index import add_sentence_index, sentence_length_ratios, separator_index
 from .translation_config import TranslationAttentionConfig, attention_config_from
+
+logger = logging.getLogger(__name__)
+# --sentence-min's default: this share of the training sentences would end later than they do (chosen on valid,
+# docs/quality.md); read from at most SCANNED training pairs
+SENTENCE_MIN_QUANTILE, SCANNED = 0.002, 100_000
 
 
 @register_model("rfa_transformer")
@@ -47,6 +54,9 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
         model = super().build_model(args, task)
         if attention.sentence_index:
             model.decoder.source_separator = separator_index(task.source_dictionary, "source")
+            if args.sentence_min is None:  # fairseq-train: from the training data, kept with the model in its args
+                args.sentence_min = training_sentence_min(task, model.decoder.sentence_separator)
+            model.decoder.sentence_min = args.sentence_min
         model.decoder.cross_sentence_window = attention.cross_sentence_window  # -1: off
         model.read_inference_flags(args)
         return model
@@ -90,6 +100,24 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
             decoder.sentence_alignment = not attention.no_sentence_alignment
             add_sentence_index(decoder.embed_positions, decoder.sentence_separator, written=True)
         return decoder
+
+
+def training_sentence_min(task, separator: int, quantile: float = SENTENCE_MIN_QUANTILE) -> float:
+    """Sentence-aligned decoding's floor from ``task``'s train split: the ``quantile`` of its sentences'
+    :func:`sentence_length_ratios` (at most SCANNED pairs, evenly spread). Without a train split (a checkpoint that
+    kept none, decoded without its training data): SENTENCE_MIN, with a warning."""
+    try:
+        task.load_dataset("train")
+    except FileNotFoundError:
+        logger.warning(f"no train split in {task.cfg.data} to set --sentence-min from: {SENTENCE_MIN}")
+        return SENTENCE_MIN
+    pairs = task.dataset("train")
+    ratios = torch.cat([sentence_length_ratios(pairs.src[i], pairs.tgt[i], separator)
+                        for i in range(0, len(pairs), max(1, len(pairs) // SCANNED))])
+    floor = float(torch.quantile(ratios, quantile))
+    logger.info(f"--sentence-min {floor:.3f}: the {quantile:.1%} quantile of {ratios.numel()} training "
+                "sentences' target over source lengths")
+    return floor
 
 
 @register_model_architecture("rfa_transformer", "rfa_transformer")

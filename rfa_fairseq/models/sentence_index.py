@@ -37,6 +37,18 @@ def sentence_numbers(tokens: Tensor, separator: int, written: bool) -> Tensor:
     return is_sep.cumsum(1) - (0 if written else is_sep)
 
 
+def sentence_length_ratios(source: Tensor, target: Tensor, separator: int) -> Tensor:
+    """A training pair's (each side ending with ``</s>``, its sentences split by separators) target sentences' tokens
+    (without their separator or ``</s>``) over their source sentences' (with it): the share of its source sentence's
+    length at which sentence-aligned decoding may end each (``sentence_min``). Empty where the sentence counts
+    differ."""
+    def lengths(tokens):
+        ends = torch.cat([tokens.eq(separator).nonzero().flatten(), tokens.new_tensor([tokens.numel() - 1])])
+        return torch.diff(ends, prepend=ends.new_tensor([-1])).double()
+    src, tgt = lengths(source), lengths(target)
+    return (tgt - 1) / src if src.numel() == tgt.numel() else src.new_zeros(0)
+
+
 def add_sentence_index(embed_positions: nn.Module, separator: int, written: bool):
     """Make fairseq's positional embedding return positions + sentence embeddings (its weights and keys unchanged).
     With ``incremental_state`` fairseq passes the whole prefix and takes the last position: so does the hook."""

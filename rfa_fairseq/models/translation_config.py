@@ -2,11 +2,12 @@
 ``--rfa-*`` flags (``rfa_fairseq.config``), which shape the RFA decoder, but which attention the encoder
 (:class:`EncoderAttentionConfig`), the decoder and its cross attention use."""
 from dataclasses import dataclass, field
+from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum
 
 from ..config import RFA_FIELDS, read_fields, refuse_changed
-from ..validation import flag, non_negative_int, one_of
+from ..validation import flag, non_negative_finite, non_negative_int, one_of
 from .rfa_encoder import EncoderAttentionConfig, encoder_attention_config_from
 
 DECODER_ATTENTIONS = ("rfa", "softmax")
@@ -38,6 +39,12 @@ class TranslationAttentionConfig(EncoderAttentionConfig):
                 "the source's last sentence and opens none past it (fairseq-generate, -interactive; beam search and "
                 "sampling). This flag turns that off. For a trained checkpoint: --model-overrides "
                 "\"{'no_sentence_alignment': True}\""})
+    sentence_min: Optional[float] = field(default=None, metadata={
+        "help": "with --sentence-index, the shortest sentence aligned decoding ends, as a share of its source "
+                "sentence's subwords (with its separator); 0: no floor. Unset, fairseq-train sets it from the "
+                "training data (a low quantile of the sentences' target over source lengths, so that it carries to "
+                "any pair; docs/quality.md) and the checkpoint keeps it. For a trained checkpoint: --model-overrides "
+                "\"{'sentence_min': 0.4}\""})
     cross_sentence_window: int = field(default=-1, metadata={
         "help": "with --sentence-index: softmax cross attention reads only the source sentences within K of the "
                 "sentence being written (0: that one; 1: also the one before and after), so a decoding step reads a "
@@ -63,6 +70,11 @@ def attention_config_from(args) -> TranslationAttentionConfig:
     if values["no_sentence_alignment"] and not values["sentence_index"]:
         raise ValueError("--no-sentence-alignment turns off the sentence counts of --sentence-index's decoding: it "
                          "does nothing without --sentence-index")
+    if values["sentence_min"] is not None:
+        non_negative_finite("--sentence-min", values["sentence_min"])
+        if not values["sentence_index"]:
+            raise ValueError("--sentence-min is the floor of --sentence-index's aligned decoding: it does nothing "
+                             "without --sentence-index")
     if values["cross_sentence_window"] != -1:
         non_negative_int("--cross-sentence-window (-1: off)", values["cross_sentence_window"])
         if not values["sentence_index"] or values["cross_attention"] != "softmax":

@@ -1,6 +1,6 @@
 """Sentence-aligned decoding (models with ``--sentence-index``): a step forbids ``</s>`` while a row has written fewer
 separators than its source has, and ``<sep>`` once it has written as many, both while a sentence is shorter than
-SENTENCE_MIN of its source sentence's length, and ends a sentence as long as the limit (SENTENCE_LENGTH) of it, as a
+the decoder's ``sentence_min`` of its source sentence's length, and ends a sentence as long as the limit (SENTENCE_LENGTH) of it, as a
 naive count over the tokens says; so beam search and sampling write one sentence per source sentence, however eager the
 model is to end, to split or to go on; the other tokens keep their scores; ``--no-sentence-alignment`` turns it off."""
 import math
@@ -34,10 +34,10 @@ def _documents(task, sep, sentences, length=24, seed=0):
     return src, src.ne(d.pad()).sum(1)
 
 
-def naive_forbidden(src, prefix, sep, eos, pad):
+def naive_forbidden(src, prefix, sep, eos, pad, least):
     """Per row, the tokens a step after ``prefix`` forbids, and the one it forces (None if none): one row at a time."""
     a, b = rfa_decoder.SENTENCE_LENGTH
-    out, least = [], rfa_decoder.SENTENCE_MIN
+    out = []
     for s, p in zip(src.tolist(), prefix.tolist()):
         have, written = s.count(sep), p.count(sep)
         lengths, n = [], 0  # the source sentences' tokens, with the <sep> or </s> that ends each
@@ -53,12 +53,15 @@ def naive_forbidden(src, prefix, sep, eos, pad):
 
 
 @pytest.mark.parametrize("extra", DECODERS)
-@pytest.mark.parametrize("limit", [None, (0.5, 1.0), 0.0], ids=["default", "tight-limit", "no-least"])
+@pytest.mark.parametrize("limit", [None, (0.5, 1.0), 0.0, 0.3],
+                         ids=["default", "tight-limit", "no-least", "least-0.3"])
 def test_a_step_forbids_what_the_naive_count_says_and_keeps_the_other_scores(documents_model, extra, limit,
                                                                              monkeypatch):
-    if limit is not None:
-        monkeypatch.setattr(rfa_decoder, *("SENTENCE_MIN", limit) if limit == 0.0 else ("SENTENCE_LENGTH", limit))
+    if isinstance(limit, tuple):
+        monkeypatch.setattr(rfa_decoder, "SENTENCE_LENGTH", limit)
     task, model, sep = documents_model("--sentence-index", *extra)
+    if isinstance(limit, float):  # the floor a model keeps (--sentence-min)
+        model.decoder.sentence_min = limit
     eos, beam = task.target_dictionary.eos(), 2
     src, lengths = _documents(task, sep, [3, 1, 4])
     rows = torch.arange(3).repeat_interleave(beam)
@@ -73,7 +76,8 @@ def test_a_step_forbids_what_the_naive_count_says_and_keeps_the_other_scores(doc
         for t in range(prefix.size(1)):
             step = model.get_normalized_probs(model.decoder(prefix[:, :t + 1], encoder_out=enc, incremental_state=state),
                                               log_probs=True)[:, -1]
-            naive = naive_forbidden(src[rows], prefix[:, :t + 1], sep, eos, task.source_dictionary.pad())
+            naive = naive_forbidden(src[rows], prefix[:, :t + 1], sep, eos, task.source_dictionary.pad(),
+                                    model.decoder.sentence_min)
             for row, (forbidden, force) in enumerate(naive):
                 if force is not None:  # one token left, with its score (and </s> as forbidden, for the length limit)
                     forced += 1
@@ -89,7 +93,7 @@ def test_a_step_forbids_what_the_naive_count_says_and_keeps_the_other_scores(doc
                 keep[list(forbidden)] = False
                 torch.testing.assert_close(step[row][keep], full[row, t][keep], rtol=1e-5, atol=1e-5)
     assert (forced > 0) == isinstance(limit, tuple)  # the tight limit ends sentences, the default none of these
-    assert (both > 0) == (rfa_decoder.SENTENCE_MIN > 0)  # a sentence too short to end: </s> and <sep> forbidden
+    assert (both > 0) == (model.decoder.sentence_min > 0)  # a sentence too short to end: </s> and <sep> forbidden
 
 
 @pytest.mark.parametrize("extra", DECODERS)
@@ -131,7 +135,7 @@ def test_a_model_that_never_or_always_ends_a_sentence_writes_each_between_the_bo
     with torch.no_grad():
         hypos = gen.forward({"id": torch.arange(3), "net_input": {"src_tokens": src, "src_lengths": lengths}})
     a, b = rfa_decoder.SENTENCE_LENGTH
-    bound = (lambda m: math.ceil(a * m + b)) if push < 0 else (lambda m: math.ceil(rfa_decoder.SENTENCE_MIN * m))
+    bound = (lambda m: math.ceil(a * m + b)) if push < 0 else (lambda m: math.ceil(model.decoder.sentence_min * m))
     for s, n, nbest in zip(src.tolist(), sentences, hypos):
         pad = task.source_dictionary.pad()
         source = [len(x) + 1 for x in _split([t for t in s if t not in (pad, eos)], sep)]  # with the token ending it

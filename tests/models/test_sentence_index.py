@@ -1,12 +1,17 @@
 """``--sentence-index``: sentence numbers from the <sep> tokens, added to the inputs; decoding equals the full pass."""
+import random
+
 import pytest
 import torch
+from fairseq import checkpoint_utils
 from fairseq.sequence_generator import SequenceGenerator
 
-from rfa_fairseq.models.sentence_index import sentence_embedding, sentence_numbers
+from rfa_fairseq.models import rfa_transformer
+from rfa_fairseq.models.sentence_index import sentence_embedding, sentence_length_ratios, sentence_numbers
 from rfa_fairseq.engines.step_graphs import StepGraphs
 
-from rfa_test_utils import emulate_cuda_graphs, fx_capture, random_tokens
+from rfa_test_utils import (TINY_DECODER, TINY_ENCODER, build_from_cli, emulate_cuda_graphs, fx_capture,
+                            random_tokens, run_cli)
 
 SOFTMAX_CROSS = ["--cross-attention", "softmax", "--rfa-gate", "--rfa-causal-feature-dim", "64"]
 WINDOW = ["--cross-sentence-window", "1"]
@@ -66,7 +71,48 @@ def test_refused_without_a_separator(translation_model):
         translation_model("--sentence-index", *SOFTMAX_CROSS, rfa_flags=False)
 
 
+def test_length_ratios_pair_each_target_sentence_with_its_source_sentence():
+    source, target = torch.tensor([5, 6, 9, 7, 2]), torch.tensor([5, 9, 6, 7, 8, 2])  # 9: <sep>, 2: </s>
+    assert sentence_length_ratios(source, target, 9).tolist() == [1 / 3, 3 / 2]  # 1 of 2 + <sep>, 3 of 1 + </s>
+    assert sentence_length_ratios(source, torch.tensor([5, 6, 2]), 9).numel() == 0  # the counts differ: no pairs
+
+
+def test_the_floor_is_a_quantile_of_the_training_data_and_the_checkpoint_keeps_it(tmp_path):
+    """fairseq-train's model takes --sentence-min from its train split's sentence pairs (the naive count's quantile);
+    the checkpoint keeps it, so a decoder loads it without the training data, and --model-overrides replaces it."""
+    rng, pairs = random.Random(0), []
+    for split, documents in (("train", 40), ("valid", 4)):
+        lines = {"de": [], "en": []}
+        for _ in range(documents):
+            sizes = [(rng.randint(1, 12), rng.randint(1, 12)) for _ in range(rng.randint(1, 5))]
+            pairs += sizes if split == "train" else []
+            for lang, side in (("de", 0), ("en", 1)):
+                lines[lang].append(" <sep> ".join(" ".join(f"w{rng.randint(0, 9)}" for _ in range(n[side])) for n in sizes))
+        for lang in ("de", "en"):
+            (tmp_path / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines[lang]))
+    run_cli("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en", "--joined-dictionary", "--workers", "1",
+            "--trainpref", tmp_path / "train", "--validpref", tmp_path / "valid", "--destdir", tmp_path / "bin")
+    naive = torch.quantile(torch.tensor([t / (s + 1) for s, t in pairs], dtype=torch.float64),
+                           rfa_transformer.SENTENCE_MIN_QUANTILE).item()
+    flags = ["--arch", "rfa_transformer", *TINY_ENCODER, *TINY_DECODER, "--rfa-gate", "--sentence-index"]
+    _, model, args = build_from_cli(tmp_path / "bin", flags)
+    assert model.decoder.sentence_min == args.sentence_min == pytest.approx(naive) and 0 < naive < 1
+    history = [{"criterion_name": "x", "optimizer_name": "x", "lr_scheduler_state": {}, "num_updates": 0}]
+    torch.save({"args": args, "model": model.state_dict(), "optimizer_history": history, "extra_state": {}},
+               tmp_path / "ckpt.pt")
+    for f in (tmp_path / "bin").glob("train.*"):  # decoding without the training data
+        f.unlink()
+    for overrides, floor in (({}, naive), ({"sentence_min": 0.25}, 0.25)):
+        (loaded,), _ = checkpoint_utils.load_model_ensemble([str(tmp_path / "ckpt.pt")],
+                                                            arg_overrides=dict(data=str(tmp_path / "bin"), **overrides))
+        assert loaded.decoder.sentence_min == pytest.approx(floor)
+    _, model, _ = build_from_cli(tmp_path / "bin", flags)  # no floor kept, no training data: the former default
+    assert model.decoder.sentence_min == rfa_transformer.SENTENCE_MIN
+
+
 @pytest.mark.parametrize("flags,error", [
+    (["--sentence-min", "0.3", *SOFTMAX_CROSS], "--sentence-min is the floor of --sentence-index's"),
+    (["--sentence-min", "-0.1", "--sentence-index", *SOFTMAX_CROSS], "--sentence-min must be 0 or a positive"),
     (["--cross-sentence-window", "1", *SOFTMAX_CROSS], "needs --sentence-index and --cross-attention softmax"),
     (["--cross-sentence-window", "1", "--sentence-index", "--cross-attention", "rfa"], "needs --sentence-index and"),
     (["--cross-sentence-window", "-2", "--sentence-index", *SOFTMAX_CROSS], "--cross-sentence-window")])

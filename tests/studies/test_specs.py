@@ -130,21 +130,22 @@ def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_pa
     tiny(documents, monkeypatch, layers=1, dim=16, ffn=32, heads=2, updates=2, warmup=1,
          finetune=dict(updates=1, warmup=1, lr="1e-3"))
     monkeypatch.setattr(documents, "GENERATE", ["--max-len-a", "0", "--max-len-b", "12"])  # untrained: no </s>
+    monkeypatch.setattr(documents, "QUANTILES", (0.0, 0.5))
     out, work = tmp_path / "out.jsonl", tmp_path / "work"
     shutil.copytree(multi30k / "data", work / "data")
-    documents.main(documents, ["--setting", "tiny", "--variants", "gate_softcross", "--work", str(work), "--out",
+    documents.main(documents, ["--setting", "tiny", "--variants", "gate_sentidx", "--work", str(work), "--out",
                                str(out), "--cpu"])
     (record,) = runner.load(out)
     docs = work / "docs"
     # trained on the sentences in the documents' dictionary, then finetuned on the documents
-    run = work / "tiny" / "gate_softcross-seed1"
+    run = work / "tiny" / "gate_sentidx-seed1"
     assert "sentences/bin train de-en 29000 examples" in (run / "sentences" / "train.log").read_text()
     log = (run / "train.log").read_text()
     assert "loading pretrained model from" in log and "docs/bin train de-en 1333 examples" in log
     assert (docs / "sentences" / "bin" / "dict.en.txt").read_text() == (docs / "bin" / "dict.en.txt").read_text()
     assert record["sentences_train_s"] > 0 and record["train_s"] > 0
     lengths = [int(n) for n in (docs / "test.tgt_tokens").read_text().split()]
-    assert len(lengths) == len((docs / "test.ref.en").read_text().splitlines()) > 20
+    assert len(lengths) == len((docs / "test.ref").read_text().splitlines()) > 20
     assert max(lengths) > 512 and min(lengths) <= 128, "the buckets are all filled"
     assert sum(record[f"test_docs_{lo}"] for lo, _ in documents.BUCKETS) == len(lengths)
     assert 0 <= record["test_bleu"] < 100 and all(0 <= record[f"test_bleu_{lo}"] < 100 for lo, _ in documents.BUCKETS)
@@ -153,12 +154,15 @@ def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_pa
     assert 0 < record["test_align_flat_512"] < record["test_align_flat"] < 1, "longer documents, more sentences"
     ends = [record[f"valid_eos_at_sep_{lo}"] for lo, _ in documents.ENDS] + [record["valid_eos_at_end"]]
     assert all(0 <= p <= 1 for p in ends), "the end's probability where each sentence ends, by how many came before"
-    generated = (work / "tiny" / "gate_softcross-seed1" / "generate.test.out").read_text()
+    # decoded again free and with each candidate floor: the training sentences' shortest ratio and their median
+    assert 0 < record["q0.0_floor"] < record["q0.5_floor"] and record["free_floor"] is None
+    assert all(0 <= record[f"{how}_{split}_bleu"] < 100 for how in ("free", "q0.0", "q0.5") for split in ("valid", "test"))
+    generated = (work / "tiny" / "gate_sentidx-seed1" / "generate.test.out").read_text()
     assert generated.count("\nH-") + generated.startswith("H-") == len(lengths)
     # the references are the shipped sentences, in order, a document a line
     with gzip.open(os.path.join(REPO, "data/multi30k/test.en.gz"), "rt", encoding="utf-8") as f:
         sentences = " ".join(line.strip() for line in f)
-    assert " ".join((docs / "test.ref.en").read_text().split("\n")).split() == sentences.split()
+    assert " ".join((docs / "test.ref").read_text().split("\n")).split() == sentences.split()
 
 
 def test_document_bleu_removes_the_separators(tmp_path):
