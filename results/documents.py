@@ -157,29 +157,6 @@ def alignment(ckpt: Path, data: Path, split: str) -> dict:
     return {f"{split}_{k}": round(total / n, 3) for k, (total, n) in sums.items()}
 
 
-ENDS = [(1, 8), (8, 16), (16, 32), (32, None)]  # sentence numbers: where a quarter of the training documents end each
-
-
-def endings(ckpt: Path, data: Path, split: str) -> dict:
-    """Where a document would end early, teacher-forced on ``split``'s references: the mean probability of the end of
-    the document (``</s>``) in place of each ``<sep>``, by the number of sentences written before it (ENDS), and at the
-    reference's true end (``eos_at_end``)."""
-    import torch
-    model, task, ds, sep, _ = _model(ckpt, data, split)
-    found = {}
-    with torch.no_grad():
-        for i in range(len(ds)):
-            batch = ds.collater([ds[i]])
-            lprobs = model.get_normalized_probs(model(**batch["net_input"]), log_probs=False)[0]
-            target = batch["target"][0]
-            p_eos = lprobs[:, task.tgt_dict.eos()]
-            for n, at in enumerate((target == sep).nonzero().flatten().tolist(), start=1):
-                band = next(f"{lo}" for lo, hi in ENDS if n >= lo and (hi is None or n < hi))
-                found.setdefault(f"eos_at_sep_{band}", []).append(p_eos[at].item())
-            found.setdefault("eos_at_end", []).append(p_eos[-1].item())
-    return {f"{split}_{k}": round(sum(v) / len(v), 4) for k, v in found.items()}
-
-
 def bounds(data: Path, out: Path, a) -> dict:
     """valid and test decoded free and aligned with each QUANTILES floor (in out/bounds): {split}_{how}_{score}."""
     from rfa_fairseq.models.rfa_transformer import training_sentence_min
@@ -197,13 +174,14 @@ def bounds(data: Path, out: Path, a) -> dict:
 
 
 def rescore(variant, s, seed, data, out, a, record) -> dict:
-    """The scores again and the alignment; nothing if the folder's outputs are another run's (other scores)."""
+    """The scores again, the alignment and (the sentence index) :func:`bounds`; nothing if the folder's outputs are
+    another run's (other scores)."""
     found = {k: v for split in ("valid", "test") for k, v in scores(out, data, split).items()}
     if any(found[k] != record[k] for k in ("valid_bleu", "test_bleu") if k in record):
         print(f"[{NAME}]   {out} holds another run's outputs ({found['valid_bleu']} / {found['test_bleu']} BLEU, "
               f"recorded {record.get('valid_bleu')} / {record.get('test_bleu')}): left as recorded", flush=True)
         return {}
-    return {**found, **alignment(out / "checkpoint_last.pt", data, "test"), **endings(out / "checkpoint_last.pt", data, "valid"),
+    return {**found, **alignment(out / "checkpoint_last.pt", data, "test"),
             **(bounds(data, out, a) if "--sentence-index" in VARIANTS[variant][1] else {})}
 
 
@@ -223,7 +201,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
         r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref", out, a,  # scores replaced below
                  post=("--post-process", "sentencepiece", *POSITIONS, *GENERATE))
         record.update(scores(out, data, split), **{f"{split}_tokens_per_s": r.get("tokens_per_s")})
-    record.update(alignment(out / "checkpoint_last.pt", data, "test"), **endings(out / "checkpoint_last.pt", data, "valid"))
+    record.update(alignment(out / "checkpoint_last.pt", data, "test"))
     if "--sentence-index" in extra:
         record.update(bounds(data, out, a))
     (out / "record.json").write_text(json.dumps(record))

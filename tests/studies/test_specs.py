@@ -152,8 +152,6 @@ def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_pa
     # softmax cross attention: its weight on each token's own source sentence is a share
     assert 0 <= record["test_align_last"] <= 1 and 0 <= record["test_align_last_512"] <= 1  # one layer: the last
     assert 0 < record["test_align_flat_512"] < record["test_align_flat"] < 1, "longer documents, more sentences"
-    ends = [record[f"valid_eos_at_sep_{lo}"] for lo, _ in documents.ENDS] + [record["valid_eos_at_end"]]
-    assert all(0 <= p <= 1 for p in ends), "the end's probability where each sentence ends, by how many came before"
     # decoded again free and with each candidate floor: the training sentences' shortest ratio and their median
     assert 0 < record["q0.0_floor"] < record["q0.5_floor"] and record["free_floor"] is None
     assert all(0 <= record[f"{how}_{split}_bleu"] < 100 for how in ("free", "q0.0", "q0.5") for split in ("valid", "test"))
@@ -163,6 +161,20 @@ def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_pa
     with gzip.open(os.path.join(REPO, "data/multi30k/test.en.gz"), "rt", encoding="utf-8") as f:
         sentences = " ".join(line.strip() for line in f)
     assert " ".join((docs / "test.ref").read_text().split("\n")).split() == sentences.split()
+
+
+@pytest.mark.slow
+def test_reversed_documents_go_from_english_to_german_in_their_own_folders(multi30k, tmp_path, monkeypatch):
+    monkeypatch.setattr(documents, "LANGS", documents.LANGS)  # --reverse sets it for the process
+    shutil.copytree(multi30k / "data", tmp_path / "work_en_de" / "data")
+    a = type("A", (), {"work": tmp_path / "work", "out": tmp_path / "out.jsonl", "reverse": True})
+    docs = documents.prepare(a)
+    assert (a.work, a.out, docs) == (tmp_path / "work_en_de", tmp_path / "out_en_de.jsonl", a.work / "docs")
+    assert (docs / "bin" / "train.en-de.de.idx").exists() and (docs / "sentences" / "bin" / "train.en-de.en.idx").exists()
+    with gzip.open(os.path.join(REPO, "data/multi30k/test.de.gz"), "rt", encoding="utf-8") as f:
+        german = " ".join(line.strip() for line in f)
+    assert " ".join((docs / "test.ref").read_text().split("\n")).split() == german.split()
+    assert all("<sep>" in line for line in (docs / "test.spm.de").read_text().splitlines()[:5])
 
 
 def test_document_bleu_removes_the_separators(tmp_path):
@@ -220,12 +232,10 @@ def test_the_attention_on_its_sentence_is_the_weight_on_the_source_sentence_of_t
 def test_rescoring_leaves_a_run_whose_folder_now_holds_another_runs_outputs(monkeypatch, tmp_path):
     monkeypatch.setattr(documents, "scores", lambda out, data, split: {f"{split}_bleu": 20.0})
     monkeypatch.setattr(documents, "alignment", lambda ckpt, data, split: {f"{split}_align_last": 0.3})
-    monkeypatch.setattr(documents, "endings", lambda ckpt, data, split: {f"{split}_eos_at_end": 0.9})
     rescore = lambda record: documents.rescore("softmax", {}, 1, tmp_path, tmp_path, None, record)  # noqa: E731
     assert rescore({"valid_bleu": 20.0, "test_bleu": 21.0}) == {}
     assert rescore({"valid_bleu": 20.0, "test_bleu": 20.0}) == {"valid_bleu": 20.0, "test_bleu": 20.0,
-                                                                 "test_align_last": 0.3,
-                                                                 "valid_eos_at_end": 0.9}
+                                                                 "test_align_last": 0.3}
 
 
 @pytest.mark.slow  # trains and scores through the command lines (about 45 s)
