@@ -20,7 +20,6 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from rfa_fairseq.inference import to_decoding_form_
 from rfa_fairseq.modules import CrossRFAttention
-from rfa_fairseq.ops.causal_rfa import fused
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
@@ -266,7 +265,6 @@ def decode_checkpoint(model, argv, args, do_profile):
         net = models[0].cuda() if cuda else models[0]
         net.prepare_for_inference_(cfg)
         to_decoding_form_(net, int8="int8" in forms, cuda_graphs=False, compiled_step="compiled" in forms)
-        fused.load = (lambda: None) if "unfused" in forms else fused.load  # unfused: torch's operators for the state
         limit = utils.resolve_max_positions(task.max_positions(), net.max_positions())
         generator, generators = task.build_generator([net], g, sequence_generator.SequenceGenerator if "fairseq" in forms else None), {}
         for n in args.lengths if lm else ():
@@ -370,8 +368,8 @@ def checkpoint(args):
 
 def model_spec(text):
     name, _, where = text.partition("=")
-    forms = ()  # int8: --int8-inference; compiled: --compiled-step; unfused: no fused op; fairseq: fairseq's SequenceGenerator
-    while not where.startswith("ct2:") and where.partition(":")[0] in ("int8", "compiled", "unfused", "fairseq"):
+    forms = ()  # int8: --int8-inference; compiled: --compiled-step; fairseq: fairseq's SequenceGenerator
+    while not where.startswith("ct2:") and where.partition(":")[0] in ("int8", "compiled", "fairseq"):
         form, _, where = where.partition(":")
         forms += (form,)
     path, ct2 = where[4:].rpartition(":")[::2] if where.startswith("ct2:") else (where, None)

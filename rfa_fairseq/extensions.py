@@ -1,4 +1,4 @@
-"""The package's C++ (causal RFA's fused step, the compiled decoding step), built by torch's extension API on first use
+"""The package's C++ (the compiled decoding step), built by torch's extension API on first use
 for the CPU at hand and cached in ``~/.cache/torch_extensions`` (named by the CPU's flags and the source's path, so a
 machine or checkout builds its own); where it cannot be built, one warning and None: the callers' eager path runs."""
 import hashlib

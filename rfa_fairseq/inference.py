@@ -11,7 +11,7 @@ from .engines.step_graphs import StepGraphs
 from .validation import flag, non_negative_int
 
 # Under --int8-inference the products by weight matrices of at least this many numbers take int8 weights: all of them
-# (docs/benchmarks.md#the-compiled-step---compiled-step-and-the-fused-op).
+# (docs/benchmarks.md#the-compiled-step---compiled-step).
 INT8_MIN_WEIGHTS = 0
 
 

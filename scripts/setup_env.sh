@@ -65,7 +65,5 @@ pip_install "ctranslate2==4.8.5" || echo "[setup] warning: ctranslate2 4.8.5 did
 "$PY" -c "import triton" 2>/dev/null || pip_install "triton==3.7.1" || echo "[setup] warning: triton did not install"
 pip_install --no-deps "fla-core==0.6.0" einops || echo "[setup] warning: fla-core did not install; --rfa-backend fla is unavailable"
 "$PY" -c "import torch, fairseq, rfa_fairseq; print('[setup] ok: torch', torch.__version__, '| fairseq', fairseq.__version__, '| rfa_fairseq', rfa_fairseq.__version__)"
-# the C++ (torch's extension API): causal RFA's fused step and the compiled step, built now for this CPU, cached for
-# every later process
-"$PY" -c "from rfa_fairseq.ops.causal_rfa import fused; print('[setup] fused decoding step:', 'built' if fused.load() else 'unavailable')"
+# the C++ (torch's extension API): the compiled step, built now for this CPU, cached for every later process
 "$PY" -c "from rfa_fairseq.engines import compiled; print('[setup] compiled step:', 'built' if compiled.load() else 'unavailable')"

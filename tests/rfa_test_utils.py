@@ -189,10 +189,10 @@ def causal_state(buffer: dict) -> torch.Tensor:
 
 def emulate_cuda_graphs(monkeypatch, capture=fx_capture):
     """Make ``rfa_fairseq.engines.step_graphs`` capture steps on every device, with ``capture``; beam reorders happen at
-    once, as they do on CUDA (on the CPU they wait for the next step's fused pass over the state)."""
+    once, as they do on CUDA (on the CPU they wait for the next step)."""
     from rfa_fairseq.engines import step_graphs
-    from rfa_fairseq.ops.causal_rfa import fused
+    from rfa_fairseq.modules import causal_rfa_attention
 
     monkeypatch.setattr(step_graphs, "captures_on", lambda device: True)
-    monkeypatch.setattr(fused, "deferrable", lambda state: False)
+    monkeypatch.setattr(causal_rfa_attention, "deferrable", lambda state: False)
     monkeypatch.setattr(step_graphs, "capture_cuda_graph", capture)

@@ -10,7 +10,7 @@ The modules stay the model and each block's reference (tests/engines/test_compil
 With ``--task rfa_translation`` the whole beam search is one C++ call (:meth:`CompiledStep.generate`, fairseq's
 hypotheses: tests/tasks/test_translation.py), after the encoder's, compiled too where it is fairseq's softmax encoder.
 
-The beam's reorder is folded into the step as in :mod:`ops.causal_rfa.fused`: each causal layer defers ``new_order``
+The beam's reorder is folded into the step: each causal layer defers ``new_order``
 (``parents`` in its buffer) and the step gathers the parents' rows as it reads the state, writing the advanced state
 into the spare buffer beside it. The first step starts each causal state at zero and has each cross attention cache
 its source as the module does in its first step (:meth:`CompiledStep._first_step`). A step the engine does not run

@@ -196,7 +196,7 @@ Tensor gaussian_features(const Tensor& x, const Tensor& projection) {
   return angles.sin_().mul_(1.f / std::sqrt(static_cast<float>(D)));
 }
 
-// Causal RFA's step (CausalRFAttention._step with ops.causal_rfa.fused's one pass over the state).
+// Causal RFA's step (CausalRFAttention._step): the parents' gather, decay, update and read-out in one pass.
 struct CausalRFA {
   Linear in, out;
   Tensor projection;  // [H, K, D]

@@ -15,15 +15,20 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..ops import chunk_causal_rfa, fla_causal_rfa, recurrent_causal_rfa_step
-from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS, fused
+from ..ops.causal_rfa import DEFAULT_CHUNK_SIZE, DEFAULT_RECOMPUTE_SEGMENT, GATE_FORMS
 from ..ops.causal_rfa.fla import BACKENDS, fla_chosen
-from ..ops.causal_rfa.fused import fused_causal_rfa_step
 from ..ops.denominator import DEFAULT_EPS, compute_dtype
 from ..validation import non_negative_int, one_of
 from .beam import BeamLayout, reorder_rows_
 from .heads import merge_heads
 from .random_feature_map import RandomFeatureMap
 from .rfa_attention_base import IncrementalState, RFAttentionBase, init_projection
+
+
+def deferrable(state: Optional[Tensor]) -> bool:
+    """Whether beam search's reorder of ``state`` can wait for the next step: a float32 CPU state, no autograd."""
+    return (state is not None and state.dtype == torch.float32 and state.device.type == "cpu"
+            and not torch.is_grad_enabled() and not state.requires_grad)
 
 
 class CausalRFAttention(BeamLayout, RFAttentionBase):
@@ -110,11 +115,10 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             outs.append(out)
         return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), (state if output_final_state else None)
 
-    def _step(self, x: Tensor, key_padding_mask: Optional[Tensor], state, parents: Optional[Tensor] = None,
-              spare: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    def _step(self, x: Tensor, key_padding_mask: Optional[Tensor], state) -> Tuple[Tensor, Tensor]:
         """One token ``x [1, B, C]``: ``out [B, C]`` (the heads side by side) and the state, advanced in place without
-        autograd (the state was made by this module: a step, the chunked form or a reorder), or with ``spare`` by the
-        fused op from rows ``parents`` into ``spare``. :meth:`_inputs` in fewer operators (they set a step's time)."""
+        autograd (the state was made by this module: a step, the chunked form or a reorder). :meth:`_inputs` in fewer
+        operators (they set a step's time)."""
         B, C, H, K = x.size(1), self.embed_dim, self.num_heads, self.head_dim
         y = self.in_proj(x[0])  # [B, 3C (+ H)]
         q, k = self.feature_map(y[:, :2 * C].view(B, 2, H, 1, K)).squeeze(-2).unbind(1)  # [B, H, F] each
@@ -124,11 +128,8 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             k = k.masked_fill(pad[:, :, None], 0.0)
             log_g = None if log_g is None else log_g.masked_fill(pad, 0.0)
         v = y[:, 2 * C:3 * C].view(B, H, K)
-        if spare is not None:
-            out, state = fused_causal_rfa_step(q, k, v, log_g, state, parents, spare, self.eps, self.convex)
-        else:
-            out, state = recurrent_causal_rfa_step(q, k, v, log_g, state, eps=self.eps, convex=self.convex,
-                                                   inplace=not torch.is_grad_enabled())
+        out, state = recurrent_causal_rfa_step(q, k, v, log_g, state, eps=self.eps, convex=self.convex,
+                                               inplace=not torch.is_grad_enabled())
         return out.view(B, C), state
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
@@ -147,19 +148,12 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             return self.out_proj(merge_heads(self._tokens(query, key_padding_mask)[0])), None
         buffer = self._get_input_buffer(incremental_state)
         state, parents = buffer.get("state"), buffer.pop("parents", None)  # parents: a reorder deferred
-        if T == 1 and fused.usable(state):  # a decoding step in one pass: reorder, update, read-out
-            rows, spare = query.size(1), buffer.get("spare_state")
-            if spare is None or spare.size(0) < rows or spare.shape[1:] != state.shape[1:]:
-                spare = state.new_empty((rows,) + state.shape[1:])
-            buffer["spare_state"] = state
-            out, state = self._step(query, key_padding_mask, state, parents, spare[:rows])
+        if parents is not None:
+            state = reorder_rows_(buffer, ["state"], parents)["state"]
+        if T == 1:  # a decoding step
+            out, state = self._step(query, key_padding_mask, state)
         else:
-            if parents is not None:
-                state = reorder_rows_(buffer, ["state"], parents)["state"]
-            if T == 1:  # a decoding step
-                out, state = self._step(query, key_padding_mask, state)
-            else:
-                out, state = self._tokens(query, key_padding_mask, state, True)
+            out, state = self._tokens(query, key_padding_mask, state, True)
         buffer["state"] = state
         self._set_input_buffer(incremental_state, buffer)
         return self.out_proj(out[None] if T == 1 else merge_heads(out)), None
@@ -167,13 +161,13 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: Tensor):
         """Beam search: the state rows the hypotheses continue (beam 1, same batch: none). On the CPU without autograd
         deferred, ``new_order`` kept in the buffer as ``parents`` (composed with one pending) for the next step to
-        gather in its pass over the state (:mod:`ops.causal_rfa.fused`, the ONNX step); else ``reorder_rows_`` now."""
+        gather (the compiled step, in its pass over the state); else ``reorder_rows_`` now."""
         buffer = self._get_input_buffer(incremental_state)
         state, pending = buffer.get("state"), buffer.get("parents")
         rows = None if state is None else state.size(0) if pending is None else pending.numel()
         if state is None or (self.beam_size == 1 and new_order.numel() == rows):
             return incremental_state
-        if fused.deferrable(state):
+        if deferrable(state):
             buffer["parents"] = new_order if pending is None else pending.index_select(0, new_order)
         else:
             reorder_rows_(buffer, ["state"], new_order)

@@ -13,7 +13,7 @@ from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.sequence_generator import SequenceGenerator
 
 from rfa_fairseq.inference import to_decoding_form_
-from rfa_fairseq.ops.causal_rfa import fused
+from rfa_fairseq.modules import causal_rfa_attention
 from rfa_fairseq.engines.step_graphs import StepGraphs
 
 from rfa_test_utils import emulate_cuda_graphs, fx_capture, random_tokens
@@ -67,7 +67,6 @@ def _same_hypotheses(a, b):
     for nbest_a, nbest_b in zip(a, b, strict=True):
         for x, y in zip(nbest_a, nbest_b, strict=True):
             assert torch.equal(x["tokens"], y["tokens"])
-            # (on the CPU the eager steps take the fused op, the graphs torch's operators: rounding differs)
             torch.testing.assert_close(x["positional_scores"], y["positional_scores"], rtol=0, atol=1e-5)
 
 
@@ -211,8 +210,8 @@ def test_a_failed_capture_names_the_flag(translation_model, monkeypatch):
 def test_forward_step_traces_whole_as_beam_search_shrinks(translation_model, extra, monkeypatch):
     """torch.compile traces the step as one graph (fullgraph: a graph break fails), at most twice over beam search's
     shrinking batches (the first trace's shapes, then dynamic ones), and the traced step decodes as eager. Reorders
-    happen at once, as on CUDA (the CPU's deferred ones are the fused op's, which a trace does not take)."""
-    monkeypatch.setattr(fused, "deferrable", lambda state: False)
+    happen at once, as on CUDA (the CPU's deferred ones are the compiled step's, which a trace does not take)."""
+    monkeypatch.setattr(causal_rfa_attention, "deferrable", lambda state: False)
     task, model = _translation(translation_model, extra)
     sample, graphs = _source(task, 3), []
 

@@ -98,7 +98,7 @@ def test_16k_step_decoding_stays_finite_bounded_and_accurate(long_run_reference,
             outs[t] = o[0]
             if t + 1 in checkpoints:
                 buf = attn._get_input_buffer(state)
-                # the state, and on the CPU the buffer the fused step alternates with
+                # the state, and the spare buffer a beam reorder alternates with
                 assert set(buf) <= {"state", "spare_state"}, f"step {t + 1}: state holds {sorted(buf)}"
                 S, z = buf["state"][..., :-1], buf["state"][..., -1]
                 assert S.dtype == torch.float32 and z.dtype == torch.float32, f"step {t + 1}: {S.dtype}/{z.dtype}"
