@@ -23,6 +23,7 @@ from rfa_fairseq.modules import CrossRFAttention
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from report import mib  # noqa: E402
 
 BASE = ["--decoder-embed-dim", "512", "--decoder-ffn-embed-dim", "2048", "--decoder-layers", "6",
         "--decoder-attention-heads", "8"]
@@ -203,8 +204,8 @@ def synthetic(args):  # lengths in turn; at each, the models take turns run by r
                 if args.profile:
                     row["profile"] = profiled(fn, c.steps)
                 print(f"{c.name:18s} {length:6d}: {row['tokens_per_s']:9.1f} tokens/s ({len(row['times'])} runs), "
-                      f"peak {harness.mib(row['peak_bytes'])} MiB, state {harness.mib(row['state_bytes'])} MiB (the source's "
-                      f"{harness.mib(row['source_state_bytes'])})", flush=True)
+                      f"peak {mib(row['peak_bytes'])} MiB, state {mib(row['state_bytes'])} MiB (the source's "
+                      f"{mib(row['source_state_bytes'])})", flush=True)
     return harness.add_ratios(rows, args.models[0])
 
 
@@ -344,7 +345,7 @@ def checkpoint(args):
                 runs[name].append(got)
                 for r in got:
                     print(f"{name} {r.get('length', '')}: {r['sentences']} sentences, {r['tokens']} tokens in {r['seconds']:.1f} s, "
-                          f"peak {harness.mib(r['peak_bytes'])} MiB", file=sys.stderr)
+                          f"peak {mib(r['peak_bytes'])} MiB", file=sys.stderr)
     rows, pick = [], statistics.median_low if args.statistic == "median" else min
     for name, path, ct2, forms in args.model:
         for j, same in enumerate(zip(*runs[name])):

@@ -178,10 +178,6 @@ def build_model(flags):  # the model of fairseq-train's flags, random weights (s
     return task.build_model(parsed), task, parsed
 
 
-def mib(x):
-    return "-" if x is None else f"{x / 2**20:.1f}"
-
-
 def save(parsed, argv, bench, rows, **meta):  # rows (returned) and the meta as JSON to --out
     name = torch.cuda.get_device_name() if parsed.device == "cuda" else platform.processor() or "cpu"
     if parsed.device == "cpu" and os.path.exists("/proc/cpuinfo"):
