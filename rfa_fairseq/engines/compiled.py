@@ -217,11 +217,10 @@ class CompiledStep:
                              "encoder_padding_mask": [src.eq(self.encoder.padding_idx)], "encoder_embedding": [],
                              "encoder_states": [], "fc_results": [], "src_tokens": [src],
                              "src_lengths": [net_input["src_lengths"]]}]
-        rows = torch.arange(src.size(0)).repeat_interleave(search.beam_size)  # each source the beam's times
-        encoder_out = search.model.reorder_encoder_out(encoder_outs, rows)[0]
-        enc, sources = encoder_out["encoder_out"][0], src.size(0)
+        encoder_out, sources = encoder_outs[0], src.size(0)  # a cache row per source: its beams read it
         d, caches, state = self.decoder, [], {}
-        self._first_step(enc.size(1), encoder_out, state, state_rows=1)  # one zero state, read by every row
+        d.set_beam_size(1)  # the modules' caches of the rows they are given (a fairseq search sets its beam again)
+        self._first_step(sources, encoder_out, state, state_rows=1)  # one zero state, read by every row
         for layer in self.layers:
             caches.append(self._cache(layer.encoder_attn, state, encoder_out))
         initial = [layer.self_attn._get_input_buffer(state)["state"] for layer in self.layers]
@@ -239,7 +238,8 @@ class CompiledStep:
                    "eos": search.eos, "temperature": search.temperature,
                    "separator": -1 if d.sentence_separator is None else d.sentence_separator}
         if d.sentence_alignment:
-            sentences = d.source_sentences(encoder_out)
+            sentences = {name: each.repeat_interleave(search.beam_size, 0)  # each hypothesis its source's
+                         for name, each in d.source_sentences(encoder_out).items()}
             numbers.update(sentence_min=d.sentence_min, length_a=rfa_decoder.SENTENCE_LENGTH[0],
                            length_b=rfa_decoder.SENTENCE_LENGTH[1], forbidden_eos=rfa_decoder.FORBIDDEN_EOS)
         found = []
