@@ -48,7 +48,7 @@ METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [
     (f"test {lo}-{hi or ''}", f"test_bleu_{lo}", 2) for lo, hi in BUCKETS] + [
     ("test sentences / ref, 512-", "test_sentences_512", 2), ("test repeats, 512-", "test_repeats_512", 3),
     ("test cut short", "test_cut", 0), ("test cut short, 512-", "test_cut_512", 0),
-    ("test attention on its sentence, 512-", "test_align_last_512", 3), ("test sentence counts equal", "test_equal", 0)] + [
+    ("test attention on its sentence, 512-", "test_align_last_512", 3),  # a retired diagnostic: recorded runs ("test sentence counts equal", "test_equal", 0)] + [
     (f"valid BLEU, {how}", f"{how}_valid_bleu", 2) for how in ("free", *(f"q{q}" for q in QUANTILES))] + [
     (f"test {name}, free", f"free_test_{key}", digits) for name, key, digits in (
         ("BLEU", "bleu", 2), ("512-", "bleu_512", 2), ("cut short", "cut", 0), ("sentence counts equal", "equal", 0))]
@@ -119,16 +119,6 @@ def scores(out: Path, data: Path, split: str) -> dict:
     return {f"{split}_{k}": v for k, v in found.items()}
 
 
-def sentence_share(attn, src, tgt, sep: int, pad: int):
-    """``[B, Tt]`` twice: each target token's cross attention ``attn [B, Tt, Ts]`` on the source sentence of the same
-    number (a separator ends a sentence), and that sentence's share of the source's tokens (flat attention's)."""
-    def sentence(tokens, outside):
-        is_sep = (tokens == sep).long()
-        return (is_sep.cumsum(1) - is_sep).masked_fill(tokens == pad, outside)
-    same = (sentence(tgt, -1)[:, :, None] == sentence(src, -2)[:, None, :]).to(attn.dtype)
-    return (attn * same).sum(-1), same.sum(-1) / (src != pad).sum(1, keepdim=True)
-
-
 def _model(ckpt: Path, data: Path, split: str):
     import argparse
     from fairseq import checkpoint_utils, utils
@@ -138,26 +128,6 @@ def _model(ckpt: Path, data: Path, split: str):
     sep = task.tgt_dict.index("<sep>")
     assert task.src_dict.index("<sep>") == sep != task.tgt_dict.unk(), "documents have a <sep> in a joined dictionary"
     return models[0].eval(), task, task.dataset(split), sep, [int(n) for n in (data / f"{split}.tgt_tokens").read_text().split()]
-
-
-def alignment(ckpt: Path, data: Path, split: str) -> dict:
-    """sentence_share's mean over ``split``'s target tokens (teacher-forced), per decoder layer (``align_L``, ``align_last``)
-    and flat (``align_flat``); ``..._512``: documents above 512 target subwords."""
-    import torch
-    model, task, ds, sep, sizes = _model(ckpt, data, split)
-    sums, layers = {}, len(model.decoder.layers)
-    with torch.no_grad():
-        for i in range(len(ds)):
-            batch, shares = ds.collater([ds[i]]), {}
-            for layer in range(layers):
-                attn = model(**batch["net_input"], alignment_layer=layer)[1]["attn"][0]
-                shares["align_last" if layer == layers - 1 else f"align_{layer}"], shares["align_flat"] = sentence_share(
-                    attn, batch["net_input"]["src_tokens"], batch["target"], sep, task.tgt_dict.pad())
-            for tail in ("",) + (("_512",) if sizes[i] > 512 else ()):
-                for k, v in shares.items():
-                    total, n = sums.get(k + tail, (0.0, 0))
-                    sums[k + tail] = (total + v.sum().item(), n + v.numel())
-    return {f"{split}_{k}": round(total / n, 3) for k, (total, n) in sums.items()}
 
 
 def bounds(data: Path, out: Path, a) -> dict:
@@ -177,15 +147,14 @@ def bounds(data: Path, out: Path, a) -> dict:
 
 
 def rescore(variant, s, seed, data, out, a, record) -> dict:
-    """The scores again, the alignment and (the sentence index) :func:`bounds`; nothing if the folder's outputs are
-    another run's (other scores)."""
+    """The scores again and (the sentence index) :func:`bounds`; nothing if the folder's outputs are another run's
+    (other scores)."""
     found = {k: v for split in ("valid", "test") for k, v in scores(out, data, split).items()}
     if any(found[k] != record[k] for k in ("valid_bleu", "test_bleu") if k in record):
         print(f"[{NAME}]   {out} holds another run's outputs ({found['valid_bleu']} / {found['test_bleu']} BLEU, "
               f"recorded {record.get('valid_bleu')} / {record.get('test_bleu')}): left as recorded", flush=True)
         return {}
-    return {**found, **alignment(out / "checkpoint_last.pt", data, "test"),
-            **(bounds(data, out, a) if "--sentence-index" in VARIANTS[variant][1] else {})}
+    return {**found, **(bounds(data, out, a) if "--sentence-index" in VARIANTS[variant][1] else {})}
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
@@ -204,7 +173,6 @@ def run_one(variant, s, seed, data, out, a) -> dict:
         r = bleu(data / "bin", out / "checkpoint_last.pt", split, data / f"{split}.ref", out, a,  # scores replaced below
                  post=("--post-process", "sentencepiece", *POSITIONS, *GENERATE))
         record.update(scores(out, data, split), **{f"{split}_tokens_per_s": r.get("tokens_per_s")})
-    record.update(alignment(out / "checkpoint_last.pt", data, "test"))
     if "--sentence-index" in extra:
         record.update(bounds(data, out, a))
     (out / "record.json").write_text(json.dumps(record))

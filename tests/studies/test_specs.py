@@ -149,9 +149,6 @@ def test_a_tiny_document_run_scores_whole_documents_and_buckets(multi30k, tmp_pa
     assert max(lengths) > 512 and min(lengths) <= 128, "the buckets are all filled"
     assert sum(record[f"test_docs_{lo}"] for lo, _ in documents.BUCKETS) == len(lengths)
     assert 0 <= record["test_bleu"] < 100 and all(0 <= record[f"test_bleu_{lo}"] < 100 for lo, _ in documents.BUCKETS)
-    # softmax cross attention: its weight on each token's own source sentence is a share
-    assert 0 <= record["test_align_last"] <= 1 and 0 <= record["test_align_last_512"] <= 1  # one layer: the last
-    assert 0 < record["test_align_flat_512"] < record["test_align_flat"] < 1, "longer documents, more sentences"
     # decoded again free and with each candidate floor: the training sentences' shortest ratio and their median
     assert 0 < record["q0.0_floor"] < record["q0.5_floor"] and record["free_floor"] is None
     assert all(0 <= record[f"{how}_{split}_bleu"] < 100 for how in ("free", "q0.0", "q0.5") for split in ("valid", "test"))
@@ -214,28 +211,11 @@ def test_documents_cut_short_are_counted_per_document(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_attention_on_its_sentence_is_the_weight_on_the_source_sentence_of_the_same_number():
-    sep, pad = 5, 1
-    src = torch.tensor([[pad, 7, 8, sep, 9, sep, 10, 2]])  # sentences [7 8 sep] [9 sep] [10 </s>], left-padded
-    tgt = torch.tensor([[11, sep, 12, 13, sep, 14, 2, pad]])  # [11 sep] [12 13 sep] [14 </s>]
-    flat_share = [3 / 7] * 2 + [2 / 7] * 5 + [0]
-    attn = torch.zeros(1, 8, 8)
-    attn[0, :, 1] = 1  # every target token on the first source token (sentence 0)
-    share, flat = documents.sentence_share(attn, src, tgt, sep, pad)
-    assert share.tolist() == [[1, 1, 0, 0, 0, 0, 0, 0]] and flat[0].tolist() == pytest.approx(flat_share)
-    attn = torch.full((1, 8, 8), 1 / 7).index_fill(2, torch.tensor([0]), 0)  # flat over the real tokens
-    assert documents.sentence_share(attn, src, tgt, sep, pad)[0][0].tolist() == pytest.approx(flat_share)
-    attn = torch.eye(8)[[1, 3, 4, 5, 4, 6, 7, 0]][None]  # each token on a token of its own sentence
-    assert documents.sentence_share(attn, src, tgt, sep, pad)[0].tolist() == [[1] * 7 + [0]]
-
-
 def test_rescoring_leaves_a_run_whose_folder_now_holds_another_runs_outputs(monkeypatch, tmp_path):
     monkeypatch.setattr(documents, "scores", lambda out, data, split: {f"{split}_bleu": 20.0})
-    monkeypatch.setattr(documents, "alignment", lambda ckpt, data, split: {f"{split}_align_last": 0.3})
     rescore = lambda record: documents.rescore("softmax", {}, 1, tmp_path, tmp_path, None, record)  # noqa: E731
     assert rescore({"valid_bleu": 20.0, "test_bleu": 21.0}) == {}
-    assert rescore({"valid_bleu": 20.0, "test_bleu": 20.0}) == {"valid_bleu": 20.0, "test_bleu": 20.0,
-                                                                 "test_align_last": 0.3}
+    assert rescore({"valid_bleu": 20.0, "test_bleu": 20.0}) == {"valid_bleu": 20.0, "test_bleu": 20.0}
 
 
 @pytest.mark.slow  # trains and scores through the command lines (about 45 s)
