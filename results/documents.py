@@ -48,7 +48,8 @@ METRICS = [("valid BLEU", "valid_bleu", 2), ("test BLEU", "test_bleu", 2)] + [
     (f"test {lo}-{hi or ''}", f"test_bleu_{lo}", 2) for lo, hi in BUCKETS] + [
     ("test sentences / ref, 512-", "test_sentences_512", 2), ("test repeats, 512-", "test_repeats_512", 3),
     ("test cut short", "test_cut", 0), ("test cut short, 512-", "test_cut_512", 0),
-    ("test attention on its sentence, 512-", "test_align_last_512", 3),  # a retired diagnostic: recorded runs ("test sentence counts equal", "test_equal", 0)] + [
+    ("test attention on its sentence, 512-", "test_align_last_512", 3),  # a retired diagnostic: recorded runs
+    ("test sentence counts equal", "test_equal", 0)] + [
     (f"valid BLEU, {how}", f"{how}_valid_bleu", 2) for how in ("free", *(f"q{q}" for q in QUANTILES))] + [
     (f"test {name}, free", f"free_test_{key}", digits) for name, key, digits in (
         ("BLEU", "bleu", 2), ("512-", "bleu_512", 2), ("cut short", "cut", 0), ("sentence counts equal", "equal", 0))]
