@@ -9,9 +9,9 @@ gets a file of each one's name. Documents are encoded as the model was trained (
 sentencepiece pieces, the sentences joined by ``<sep>``), batched by length (``--batch-size``, ``--max-tokens``) and
 translated by fairseq's generator with its flags (``--beam``, ``--lenpen``, ``--cpu``, ``--model-overrides``...;
 ``--max-len-a`` 1.2 and ``--max-len-b`` 10 by default here). Sentence-aligned decoding gives each document one
-sentence per source sentence, ``--sentence-min`` x to 2 x its source's subwords + 10; where it does not (fairseq's length limit, or
-the alignment turned off) the missing lines are left empty or the extra sentences join the last line, with a warning
-naming it."""
+sentence per source sentence, the model's ``--sentence-min`` x to 2 x its source's subwords + 10; where it does not
+(fairseq's length limit, or the alignment turned off) the missing lines are left empty or the extra sentences join the
+last line, with a warning naming it."""
 import logging
 import os
 import sys

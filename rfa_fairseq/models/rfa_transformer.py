@@ -105,7 +105,8 @@ class RFATransformerModel(InferenceMixin, TransformerModel):
 def training_sentence_min(task, separator: int, quantile: float = SENTENCE_MIN_QUANTILE) -> float:
     """Sentence-aligned decoding's floor from ``task``'s train split: the ``quantile`` of its sentences'
     :func:`sentence_length_ratios` (at most SCANNED pairs, evenly spread). Without a train split (a checkpoint that
-    kept none, decoded without its training data): SENTENCE_MIN, with a warning."""
+    kept none, decoded without its training data) or a pair of the same sentence count in it: SENTENCE_MIN, with a
+    warning."""
     try:
         task.load_dataset("train")
     except FileNotFoundError:
@@ -114,6 +115,10 @@ def training_sentence_min(task, separator: int, quantile: float = SENTENCE_MIN_Q
     pairs = task.dataset("train")
     ratios = torch.cat([sentence_length_ratios(pairs.src[i], pairs.tgt[i], separator)
                         for i in range(0, len(pairs), max(1, len(pairs) // SCANNED))])
+    if ratios.numel() == 0:
+        logger.warning(f"no training pair in {task.cfg.data} has as many sentences on both sides: --sentence-min "
+                       f"{SENTENCE_MIN}")
+        return SENTENCE_MIN
     floor = float(torch.quantile(ratios, quantile))
     logger.info(f"--sentence-min {floor:.3f}: the {quantile:.1%} quantile of {ratios.numel()} training "
                 "sentences' target over source lengths")

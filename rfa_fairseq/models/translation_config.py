@@ -42,8 +42,8 @@ class TranslationAttentionConfig(EncoderAttentionConfig):
     sentence_min: Optional[float] = field(default=None, metadata={
         "help": "with --sentence-index, the shortest sentence aligned decoding ends, as a share of its source "
                 "sentence's subwords (with its separator); 0: no floor. Unset, fairseq-train sets it from the "
-                "training data (a low quantile of the sentences' target over source lengths, so that it carries to "
-                "any pair; docs/quality.md) and the checkpoint keeps it. For a trained checkpoint: --model-overrides "
+                "training data (a low quantile of its sentences' target over source lengths; docs/quality.md) and the "
+                "checkpoint keeps it. For a trained checkpoint: --model-overrides "
                 "\"{'sentence_min': 0.4}\""})
     cross_sentence_window: int = field(default=-1, metadata={
         "help": "with --sentence-index: softmax cross attention reads only the source sentences within K of the "
