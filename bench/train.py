@@ -22,6 +22,7 @@ from rfa_fairseq.ops import chunk_causal_rfa, feature_size, fla_causal_rfa, fla_
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from report import mib  # noqa: E402
 
 RFA, GATE = ["--arch", "rfa_transformer_lm"], ["--arch", "rfa_transformer_lm", "--rfa-gate"]
 LM = {"softmax": ["--arch", "transformer_lm"], "sdpa": ["--arch", "transformer_lm"], "rfa": RFA, "rfa_gate": GATE,
@@ -165,7 +166,7 @@ def by_length(args, make_step, power):
             if "error" in row and variant not in failed:
                 failed[variant] = ("out of memory" if row["error"] == "out of memory" else "failed") + f" at length {length}"
             print(f"{variant:18s} {length:6d}: " + (f"skipped, {row['skipped']}" if "skipped" in row else
-                  f"{row.get('seconds', float('nan')):9.4f} s/step, peak {harness.mib(row.get('peak_bytes'))} "
+                  f"{row.get('seconds', float('nan')):9.4f} s/step, peak {mib(row.get('peak_bytes'))} "
                   f"MiB {row.get('error', '')}"), flush=True)
     return rows
 
