@@ -4,7 +4,7 @@ At a few rows a decoding step is bound by its operators' dispatch and by the byt
 attention's arithmetic. :class:`CompiledStep` runs :meth:`RFATransformerDecoder.forward_step` as one C++ call
 (``compiled_step.cpp``: per layer the causal RFA block, the cross-attention block, the FFN, then the output projection),
 reading the modules' weights, copied once when the engine is made (``int8``: the products by weight matrices of at
-least ``int8_min_weights`` numbers by fbgemm with int8 weights, one scale per output, packed once).
+least ``int8_min_weights`` numbers by oneDNN with int8 weights, one scale per output, packed once).
 The modules stay the model and each block's reference (tests/engines/test_compiled_step.py).
 
 With ``--task rfa_translation`` the whole beam search is one C++ call (:meth:`CompiledStep.generate`, fairseq's

@@ -8,11 +8,10 @@
 //   RFA cross attention (CrossRFAttention): the features of q read from the source's state;
 //   the FFN, the residuals and layer norms (fairseq's TransformerDecoderLayerBase), the output projection.
 // At a few rows a step reads every weight once: products by a weight matrix read each weight once for all rows
-// (float_product), or, for matrices marked int8, a quarter of the bytes (fbgemm's int8 product).
+// (float_product), or, for matrices marked int8, a quarter of the bytes (oneDNN's int8 product).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/native/quantized/PackedParams.h>
 
 #include <algorithm>
 #include <cmath>
@@ -82,58 +81,68 @@ void float_product(const float* x, int64_t R, int64_t C, const float* w, const f
 // Up to this many rows a float32 product is float_product's, from it ATen's (MKL's packing then pays for itself).
 constexpr int64_t FEW_ROWS = 4;
 
-// Whether fbgemm's int8 products quantize inputs to 7 bits: without VNNI, AVX2 and AVX-512 sum pairs of 8-bit products
+// Whether int8 products quantize their inputs to 7 bits: without VNNI, AVX2 and AVX-512 sum pairs of 8-bit products
 // in saturating 16 bits (torch's dynamic quantized Linear does the same).
 bool reduce_range() {
   static const bool reduce = !(__builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni"));
   return reduce;
 }
 
-// A product by a weight matrix [N, C] and its bias [N] (or none): float32, or int8 weights by fbgemm (torch's
-// quantized::linear_prepack, packed once, and its dynamic product: the weight per output and the input per call
-// quantized to 8 bits, int32 sums). fbgemm gives the whole input one scale and zero point, from its range: each row is
-// divided by its largest magnitude (its outputs multiplied back) and a row [1, -1, 0, ...] fixes the range at [-1, 1],
-// so that a row's outputs do not depend on the other rows (another sentence of the batch, another beam).
+// A product by a weight matrix [N, C] and its bias [N] (or none): float32, or int8 weights by oneDNN (torch's
+// onednn::qlinear_prepack, packed once, and onednn::qlinear_pointwise: AMX, VNNI or AVX2 as the CPU has). The weight
+// is quantized per output, the input per call and row (u8 about a zero point of 128, the row's largest magnitude at
+// 127; 64 and 63 in 7 bits), the int32 sums scaled back per output and row, so that a row's outputs do not depend on the other rows
+// (another sentence of the batch, another beam).
 struct Linear {
   Tensor w, b;  // float32 [N, C], [N]; w undefined where int8
-  c10::intrusive_ptr<LinearPackedParamsBase> packed;
+  Tensor packed, scale, zero;  // int8: oneDNN's weight, its scale per output [N] (float32), zero points [N] (0)
   Linear() = default;
   Linear(const Tensor& weight_, const Tensor& bias, bool int8) : w(weight_), b(bias) {
     if (!int8) return;
-    static auto prepack = c10::Dispatcher::singleton().findSchemaOrThrow("quantized::linear_prepack", "")
-        .typed<c10::intrusive_ptr<LinearPackedParamsBase>(Tensor, std::optional<Tensor>)>();
-    Tensor scale = w.abs().amax(1).div(127.0).clamp_min(1e-12).to(torch::kDouble);
-    Tensor zero = at::zeros({w.size(0)}, w.options().dtype(torch::kLong));
-    packed = prepack.call(at::quantize_per_channel(w, scale, zero, 0, at::kQInt8), std::nullopt);
+    static auto prepack = c10::Dispatcher::singleton().findSchemaOrThrow("onednn::qlinear_prepack", "");
+    scale = w.abs().amax(1).div(127.0).clamp_min(1e-12);
+    zero = at::zeros({w.size(0)}, w.options().dtype(torch::kLong));
+    torch::jit::Stack stack{w.div(scale.unsqueeze(1)).round().to(torch::kChar), c10::IValue()};
+    prepack.callBoxed(&stack);
+    packed = stack.at(0).toTensor();
     w = Tensor();  // only the packed copy is read
   }
-  bool defined() const { return w.defined() || packed; }
+  bool defined() const { return w.defined() || packed.defined(); }
   Tensor operator()(const Tensor& x) const {  // [R, C] -> [R, N]
     TORCH_CHECK(x.is_contiguous(), "compiled step: a product of a strided input");
-    if (packed) {
-      const int64_t R = x.size(0), C = x.size(1);
-      TORCH_CHECK(C > 1, "compiled step: an int8 product of one input");
-      Tensor scaled = at::zeros({R + 1, C}, x.options());
-      std::vector<float> scale(R);
-      const float* in = x.data_ptr<float>();
-      float* out = scaled.data_ptr<float>();
-      for (int64_t r = 0; r < R; ++r) {
-        scale[r] = std::max(largest(in + r * C, C), 1e-30f);
-        for (int64_t c = 0; c < C; ++c) out[r * C + c] = in[r * C + c] / scale[r];
-      }
-      out[R * C] = 1.f, out[R * C + 1] = -1.f;
-      Tensor y = packed->apply_dynamic(scaled, reduce_range());
-      const int64_t N = y.size(1);
-      float* p = y.data_ptr<float>();
-      const float* bias = b.defined() ? b.data_ptr<float>() : nullptr;
-      for (int64_t r = 0; r < R; ++r)
-        for (int64_t n = 0; n < N; ++n) p[r * N + n] = p[r * N + n] * scale[r] + (bias ? bias[n] : 0.f);
-      return y.narrow(0, 0, R);
-    }
+    if (packed.defined()) return int8_product(x);
     if (x.size(0) > FEW_ROWS) return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
     Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
     float_product(x.data_ptr<float>(), x.size(0), x.size(1), w.data_ptr<float>(),
                   b.defined() ? b.data_ptr<float>() : nullptr, w.size(0), y.data_ptr<float>());
+    return y;
+  }
+
+ private:
+  Tensor int8_product(const Tensor& x) const {
+    static auto product = c10::Dispatcher::singleton().findSchemaOrThrow("onednn::qlinear_pointwise", "")
+        .typed<Tensor(Tensor, double, int64_t, Tensor, Tensor, Tensor, std::optional<Tensor>, double, int64_t,
+                      std::optional<c10::ScalarType>, c10::string_view, torch::List<std::optional<at::Scalar>>,
+                      c10::string_view)>();
+    const int64_t ZERO = reduce_range() ? 64 : 128;  // 7 bits: u8 at most 127
+    const float top = ZERO - 1;
+    const int64_t R = x.size(0), C = x.size(1);
+    Tensor q = at::empty({R, C}, x.options().dtype(torch::kByte));
+    std::vector<float> row_scale(R);
+    const float* in = x.data_ptr<float>();
+    uint8_t* out = q.data_ptr<uint8_t>();
+    for (int64_t r = 0; r < R; ++r) {
+      row_scale[r] = std::max(largest(in + r * C, C), 1e-30f) / top;
+      const float inverse = 1.f / row_scale[r];
+      for (int64_t c = 0; c < C; ++c) out[r * C + c] = uint8_t(std::nearbyint(in[r * C + c] * inverse) + ZERO);
+    }
+    Tensor y = product.call(q, 1.0, ZERO, packed, scale, zero, std::nullopt, 1.0, 0, torch::kFloat, "none",
+                            torch::List<std::optional<at::Scalar>>(), "");
+    const int64_t N = y.size(1);
+    float* p = y.data_ptr<float>();
+    const float* bias = b.defined() ? b.data_ptr<float>() : nullptr;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t n = 0; n < N; ++n) p[r * N + n] = p[r * N + n] * row_scale[r] + (bias ? bias[n] : 0.f);
     return y;
   }
 };

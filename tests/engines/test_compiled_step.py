@@ -183,19 +183,16 @@ def test_the_compiled_encoder_equals_fairseqs(model_pair, translation_model, ext
 
 
 def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
-    """fbgemm's product against its arithmetic in float64 (the weight per output, the input per call quantized, each
-    row divided by its largest magnitude first: a row's outputs do not depend on the other rows); the int8 step's
-    scores near float32's."""
+    """oneDNN's product against its arithmetic in float64 (the weight per output, the input per call and row quantized:
+    a row's outputs do not depend on the other rows); the int8 step's scores near float32's."""
     task, eager, engine, sep = model_pair(*DOCUMENTS, int8=True)
     weight = eager.decoder.output_projection.weight.detach().double()
     x = torch.randn(5, weight.size(1)) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 0.1])[:, None]
-    scale, rows = weight.abs().amax(1, keepdim=True) / 127, x.abs().amax(1, keepdim=True)
-    reduce = compiled.load().reduce_range()
-    fixed = torch.zeros(1, x.size(1))  # the row that fixes the input's range at [-1, 1]
-    fixed[0, :2] = torch.tensor([1.0, -1.0])
-    x8 = torch.quantize_per_tensor_dynamic(torch.cat([x / rows, fixed]), torch.quint8, reduce_range=reduce)
-    x8 = x8.dequantize().double()[:-1]
-    reference = rows.double() * (x8 @ ((weight / scale).round() * scale).t())
+    scale = weight.abs().amax(1, keepdim=True) / 127
+    top = 63 if compiled.load().reduce_range() else 127  # the largest magnitude's level: 7 bits or 8
+    rows = x.double().abs().amax(1, keepdim=True) / top
+    x8 = (x.double() / rows).round()
+    reference = rows * (x8 @ ((weight / scale).round() * scale).t())
     product = engine.decoder.step_engine.engine.output
     got = product(x)
     torch.testing.assert_close(got.double(), reference, rtol=1e-5, atol=1e-5 * reference.abs().max().item())
