@@ -4,7 +4,8 @@ At a few rows a decoding step is bound by its operators' dispatch and by the byt
 attention's arithmetic. :class:`CompiledStep` runs :meth:`RFATransformerDecoder.forward_step` as one C++ call
 (``compiled_step.cpp``: per layer the causal RFA block, the cross-attention block, the FFN, then the output projection),
 reading the modules' weights, copied once when the engine is made (``int8``: the products by weight matrices of at
-least ``int8_min_weights`` numbers by oneDNN with int8 weights, one scale per output, packed once).
+least ``int8_min_weights`` numbers by oneDNN with int8 weights, one scale per output, packed once; the causal states
+in float16, half the bytes a step reads and writes).
 The modules stay the model and each block's reference (tests/engines/test_compiled_step.py).
 
 With ``--task rfa_translation`` the whole beam search is one C++ call (:meth:`CompiledStep.generate`, fairseq's
@@ -146,6 +147,7 @@ class CompiledStep:
                              "(--adaptive-input, --character-embeddings) is not compiled")
         start = time.perf_counter()
         self.decoder, self.op, self.int8, self.int8_min_weights = decoder, load(), int8, int8_min_weights
+        self.state_dtype = torch.float16 if int8 else torch.float32  # int8: the causal states in float16 too
         self.layers = list(decoder.layers)
         self.engine = None if self.op is None else self._build(int8, int8_min_weights)
         self.encoder, self.encoder_engine = encoder, None  # the encoder's, where the search runs here
@@ -178,7 +180,7 @@ class CompiledStep:
         for layer in self.layers:
             buffer = layer.self_attn._get_input_buffer(incremental_state)
             state = buffer.get("state")
-            if state is None or state.dtype != torch.float32 or not state.is_contiguous():
+            if state is None or state.dtype != self.state_dtype or not state.is_contiguous():
                 return None
             cache = self._cache(layer.encoder_attn, incremental_state, encoder_out)
             if cache is None:
@@ -265,7 +267,8 @@ class CompiledStep:
         for layer in self.layers:
             attn, features = layer.self_attn, layer.self_attn.feature_map
             attn._set_input_buffer(incremental_state, {"state": torch.zeros(
-                state_rows or rows, features.num_heads, features.output_dim, features.head_dim + 1)})
+                state_rows or rows, features.num_heads, features.output_dim, features.head_dim + 1,
+                dtype=self.state_dtype)})
             if layer.encoder_attn is not None and enc is not None:
                 layer.encoder_attn(enc.new_zeros(1, rows, layer.embed_dim), enc, enc, key_padding_mask=source_mask,
                                    incremental_state=incremental_state, static_kv=True, need_weights=False)

@@ -205,6 +205,46 @@ Tensor gaussian_features(const Tensor& x, const Tensor& projection) {
   return angles.sin_().mul_(1.f / std::sqrt(static_cast<float>(D)));
 }
 
+// One (f) row of a head's causal state advanced and read out: d = decay s + k_f v1 over the V = K + 1 numbers (value |
+// 1), o += q_f d. The state in float32, or in float16 (half the bytes each step reads and writes; F16C's conversions,
+// rounded to nearest, the read-out from the unrounded sums).
+inline void advance(const float* __restrict__ s, float* __restrict__ d, const float* v1, float decay, float kf,
+                    float qf, float* o, int64_t V) {
+  for (int64_t c = 0; c < V; ++c) {
+    const float value = decay * s[c] + kf * v1[c];
+    d[c] = value;
+    o[c] += qf * value;
+  }
+}
+
+inline void advance(const at::Half* __restrict__ s, at::Half* __restrict__ d, const float* v1, float decay, float kf,
+                    float qf, float* o, int64_t V) {
+  int64_t c = 0;
+#if defined(__AVX512F__)
+  const __m512 decays16 = _mm512_set1_ps(decay), kfs16 = _mm512_set1_ps(kf), qfs16 = _mm512_set1_ps(qf);
+  for (; c + 16 <= V; c += 16) {
+    const __m512 old = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + c)));
+    const __m512 value = _mm512_fmadd_ps(decays16, old, _mm512_mul_ps(kfs16, _mm512_loadu_ps(v1 + c)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + c), _mm512_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT));
+    _mm512_storeu_ps(o + c, _mm512_fmadd_ps(qfs16, value, _mm512_loadu_ps(o + c)));
+  }
+#endif
+#if defined(__F16C__) && defined(__FMA__)
+  const __m256 decays = _mm256_set1_ps(decay), kfs = _mm256_set1_ps(kf), qfs = _mm256_set1_ps(qf);
+  for (; c + 8 <= V; c += 8) {
+    const __m256 old = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c)));
+    const __m256 value = _mm256_fmadd_ps(decays, old, _mm256_mul_ps(kfs, _mm256_loadu_ps(v1 + c)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + c), _mm256_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT));
+    _mm256_storeu_ps(o + c, _mm256_fmadd_ps(qfs, value, _mm256_loadu_ps(o + c)));
+  }
+#endif
+  for (; c < V; ++c) {
+    const float value = decay * static_cast<float>(s[c]) + kf * v1[c];
+    d[c] = at::Half(value);
+    o[c] += qf * value;
+  }
+}
+
 // Causal RFA's step (CausalRFAttention._step): the parents' gather, decay, update and read-out in one pass.
 struct CausalRFA {
   Linear in, out;
@@ -224,13 +264,16 @@ struct CausalRFA {
     Tensor qk = y.narrow(1, 0, 2 * C).reshape({R * 2, H, K});
     Tensor phi = gaussian_features(qk, projection).view({R, 2, H, F});
     Tensor heads = at::empty({R, H, K}, x.options());
-    const float *Y = y.data_ptr<float>(), *PHI = phi.data_ptr<float>(), *src = old.data_ptr<float>();
+    const float *Y = y.data_ptr<float>(), *PHI = phi.data_ptr<float>();
     const bool *is_pad = pad.defined() ? pad.data_ptr<bool>() : nullptr;
     const int64_t* P = parents.data_ptr<int64_t>();
-    float *dst = next.data_ptr<float>(), *O = heads.data_ptr<float>();
+    float* O = heads.data_ptr<float>();
     const int64_t width = y.size(1), rows = old.size(0);
     for (int64_t r = 0; r < R; ++r) TORCH_CHECK(P[r] >= 0 && P[r] < rows, "compiled step: a parent out of range");
-    at::parallel_for(0, R * H, 1, [&](int64_t begin, int64_t end) {
+    const bool half = old.scalar_type() == torch::kHalf;
+    TORCH_CHECK(next.scalar_type() == old.scalar_type() && (half || old.scalar_type() == torch::kFloat),
+                "compiled step: a causal state neither float32 nor float16");
+    auto pass = [&](auto* src, auto* dst) { at::parallel_for(0, R * H, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> v1(V), o(V);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t r = i / H, h = i % H;
@@ -245,21 +288,16 @@ struct CausalRFA {
         v1[K] = write;
         const float* q = PHI + (r * 2 * H + h) * F;
         const float* k = PHI + (r * 2 * H + H + h) * F;
-        const float* __restrict__ s = src + (P[r] * H + h) * F * V;
-        float* __restrict__ d = dst + i * F * V;
+        const auto* s = src + (P[r] * H + h) * F * V;
+        auto* d = dst + i * F * V;
         std::fill(o.begin(), o.end(), 0.f);
-        for (int64_t f = 0; f < F; ++f) {
-          const float kf = k[f], qf = q[f];
-          for (int64_t c = 0; c < V; ++c) {
-            const float value = decay * s[f * V + c] + kf * v1[c];
-            d[f * V + c] = value;
-            o[c] += qf * value;
-          }
-        }
+        for (int64_t f = 0; f < F; ++f) advance(s + f * V, d + f * V, v1.data(), decay, k[f], q[f], o.data(), V);
         const float den = std::max(o[K], eps);
         for (int64_t c = 0; c < K; ++c) O[i * K + c] = o[c] / den;
       }
-    });
+    }); };
+    if (half) pass(old.data_ptr<at::Half>(), next.data_ptr<at::Half>());
+    else pass(old.data_ptr<float>(), next.data_ptr<float>());
     return out(heads.view({R, C}));
   }
 };

@@ -38,7 +38,7 @@ def model_pair(translation_model, tmp_path):
         with open(tmp_path / f"dict.{lang}.txt", "a") as f:
             f.write("<sep> 10\n")
 
-    def make(*extra, int8=False, eos=2.0):
+    def make(*extra, int8=False, eos=2.0, int8_min_weights=0):
         task, eager = translation_model(*extra, rfa_flags=False)
         _, engine = translation_model(*extra, rfa_flags=False)
         engine.load_state_dict(eager.state_dict())
@@ -47,7 +47,7 @@ def model_pair(translation_model, tmp_path):
             with torch.no_grad():
                 model.decoder.output_projection.weight[task.target_dictionary.eos()] *= eos
                 model.decoder.output_projection.weight[sep] *= 2.0
-        to_decoding_form_(engine.eval(), compiled_step=True, int8=int8, int8_min_weights=0)
+        to_decoding_form_(engine.eval(), compiled_step=True, int8=int8, int8_min_weights=int8_min_weights)
         return task, eager.eval(), engine, sep
     return make
 
@@ -104,9 +104,10 @@ def _causal_states(model, state):
     return [causal_state(m._get_input_buffer(state)) for m in model.decoder.modules() if isinstance(m, CausalRFAttention)]
 
 
-def _steps(model, task, sample, sep):
+def _steps(model, task, sample, sep, float16_state=False):
     """Teacher-forced steps of 3 sources, beam 2, reorders within the beams, then one that drops a sentence, a pad
-    among the inputs: each step's scores, then the causal states (their deferred reorders applied)."""
+    among the inputs: each step's scores, then the causal states (their deferred reorders applied); float16_state:
+    the states rounded to float16 after each step."""
     beam, g, d = 2, torch.Generator().manual_seed(5), task.target_dictionary
     tokens = random_tokens(d, 6, 8, g)
     tokens[:, 0], tokens[:, 3], tokens[1, 5] = d.eos(), sep, d.pad()
@@ -122,6 +123,11 @@ def _steps(model, task, sample, sep):
         for t, order in enumerate(orders):
             got.append(model.get_normalized_probs(model.decoder(prev, encoder_out=enc, incremental_state=state),
                                                   log_probs=True))
+            for m in model.decoder.modules() if float16_state else ():
+                if isinstance(m, CausalRFAttention):
+                    buffer = m._get_input_buffer(state)
+                    buffer["state"] = buffer["state"].half().float()
+                    m._set_input_buffer(state, buffer)
             model.decoder.reorder_incremental_state_scripting(state, order)
             enc = model.encoder.reorder_encoder_out(enc, order)
             prev = torch.cat([prev.index_select(0, order), tokens[:len(order), t + 1:t + 2]], 1)
@@ -202,6 +208,21 @@ def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
     (scores, _), (int8_scores, _) = _steps(eager, task, sample, sep), _steps(engine, task, sample, sep)
     error = torch.cat([(a - b).abs().flatten() for a, b in zip(scores[1:], int8_scores[1:])])
     assert 0 < error.mean() < 0.02 and error.max() < 0.2, (error.mean(), error.max())
+
+
+@pytest.mark.parametrize("extra", [FORMS[0], FORMS[-1]])
+def test_the_int8_forms_float16_state_gives_the_eager_steps_with_their_state_rounded(model_pair, extra):
+    """--int8-inference keeps the causal state in float16 (the products here in float32: no matrix has int8_min_weights
+    numbers): the scores of the eager steps whose state is rounded to float16 after each step, and those states
+    (within float16's rounding: the sums' order may round a number the other way, a step's cancellation grow that)."""
+    task, eager, engine, sep = model_pair(*extra, int8=True, int8_min_weights=10**9)
+    step_engine, sample = _counted(engine), _sample(task, sep)
+    scores, states = _steps(eager, task, sample, sep, float16_state=True)
+    engine_scores, engine_states = _steps(engine, task, sample, sep)
+    assert step_engine.calls == 7 and all(s.dtype == torch.float16 for s in engine_states)
+    torch.testing.assert_close(engine_scores, scores, rtol=1e-5, atol=1e-5)
+    scale = max(s.abs().max() for s in states)
+    torch.testing.assert_close([s.float() for s in engine_states], states, rtol=2e-3, atol=2e-3 * scale)
 
 
 def test_steps_under_autograd_run_eagerly_and_bad_models_are_refused(model_pair, translation_model, lm_model):
