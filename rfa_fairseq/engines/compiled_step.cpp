@@ -78,6 +78,9 @@ void float_product(const float* x, int64_t R, int64_t C, const float* w, const f
   });
 }
 
+// The beam search scans a row's scores for candidates in blocks of this many (one vector compare, most blocks none).
+constexpr int64_t SCAN = 16;
+
 // Up to this many rows a float32 product is float_product's, from it ATen's (MKL's packing then pays for itself).
 constexpr int64_t FEW_ROWS = 4;
 
@@ -239,8 +242,13 @@ inline void advance(const at::Half* __restrict__ s, at::Half* __restrict__ d, co
   }
 #endif
   for (; c < V; ++c) {
+#if defined(__F16C__)
+    const float value = decay * _cvtsh_ss(s[c].x) + kf * v1[c];
+    d[c].x = _cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT);
+#else
     const float value = decay * static_cast<float>(s[c]) + kf * v1[c];
     d[c] = at::Half(value);
+#endif
     o[c] += qf * value;
   }
 }
@@ -634,6 +642,15 @@ class Decoder {
           const float* l = L + (i * beam + b) * V;
           const float running = step == 0 ? 0.f : rows[i * beam + b].scores.back();
           for (int64_t v = 0; v < V; ++v) {
+            if (full && v % SCAN == 0) {  // a block none of whose scores beats the bound (NaN does not) is skipped
+              const int64_t n = std::min(SCAN, V - v);
+              bool any = false;
+              for (int64_t j = 0; j < n; ++j) any |= (l[v + j] + B[v + j]) + running > bound;
+              if (!any) {
+                v += n - 1;
+                continue;
+              }
+            }
             const float score = ((std::isnan(l[v]) ? -INFINITY : l[v]) + B[v]) + running;
             if (full && !(score > bound)) continue;
             auto at = std::upper_bound(top.begin(), top.end(), score,
