@@ -23,9 +23,9 @@ class InferenceConfig(FairseqDataclass):
                 "the encoder and the beam search too. RFA decoders with the gaussian kernel. For a trained "
                 "checkpoint: --model-overrides \"{'compiled_step': True}\""})
     int8_inference: bool = field(default=False, metadata={
-        "help": "--compiled-step with its products by weight matrices in int8 (fbgemm through torch: the weights one "
-                "scale per output, the inputs quantized per step; the compiled layers only, not fairseq-eval-lm's "
-                "scoring). "
+        "help": "--compiled-step with its products by weight matrices in int8 (oneDNN through torch: the weights one "
+                "scale per output, the inputs quantized per step and row) and the causal states in float16 (the "
+                "compiled layers only, not fairseq-eval-lm's scoring). "
                 "For a trained checkpoint: --model-overrides \"{'int8_inference': True}\""})
     int8_min_weights: int = field(default=INT8_MIN_WEIGHTS, metadata={
         "help": "with --int8-inference, only the weight matrices of at least this many numbers (0: all)"})

@@ -12,9 +12,11 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <unordered_map>
@@ -81,8 +83,55 @@ void float_product(const float* x, int64_t R, int64_t C, const float* w, const f
 // The beam search scans a row's scores for candidates in blocks of this many (one vector compare, most blocks none).
 constexpr int64_t SCAN = 16;
 
-// Up to this many rows a float32 product is float_product's, from it ATen's (MKL's packing then pays for itself).
+// Up to this many rows a float32 product is float_product's, from it ATen's (MKL's packing then pays for itself);
+// an int8 product Linear's own loop, from it oneDNN's (whose call, at a few rows, costs more than its product).
 constexpr int64_t FEW_ROWS = 4;
+
+// An int8 weight [N, C] as the few rows' loop reads it: blocks of 16 outputs, in each the outputs' groups of 4
+// consecutive inputs side by side ([N / 16, C / 4, 16, 4], N and C padded with zeros), so that one VNNI instruction
+// adds a group's 4 products to 16 outputs' sums.
+constexpr int64_t BLOCK = 16, GROUP = 4;
+
+Tensor few_rows_layout(const Tensor& w8) {
+  const int64_t N = w8.size(0), C = w8.size(1), blocks = (N + BLOCK - 1) / BLOCK, groups = (C + GROUP - 1) / GROUP;
+  Tensor padded = at::zeros({blocks * BLOCK, groups * GROUP}, w8.options());
+  padded.narrow(0, 0, N).narrow(1, 0, C).copy_(w8);
+  return padded.view({blocks, BLOCK, groups, GROUP}).permute({0, 2, 1, 3}).contiguous();
+}
+
+// sums [R, blocks x 16] (int32) of x [FEW_ROWS, groups x 4] (u8, its rows padded with zeros; those from R on
+// zeros) by a weight in the few rows' layout, each weight read once for all rows (always FEW_ROWS of them: a count
+// known to the compiler keeps the sums in registers)
+void few_rows_int8(const uint8_t* x, int64_t R, int64_t groups, const int8_t* w, int64_t blocks, int32_t* sums) {
+  const int64_t width = groups * GROUP, outputs = blocks * BLOCK;
+  at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const int8_t* block = w + n * groups * BLOCK * GROUP;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+      __m512i lanes[FEW_ROWS];
+      for (int64_t r = 0; r < FEW_ROWS; ++r) lanes[r] = _mm512_setzero_si512();
+      for (int64_t g = 0; g < groups; ++g) {
+        const __m512i weights = _mm512_loadu_si512(block + g * BLOCK * GROUP);
+        for (int64_t r = 0; r < FEW_ROWS; ++r) {
+          int32_t four;  // the row's group of 4 inputs, in every lane
+          std::memcpy(&four, x + r * width + g * GROUP, GROUP);
+          lanes[r] = _mm512_dpbusd_epi32(lanes[r], _mm512_set1_epi32(four), weights);
+        }
+      }
+      for (int64_t r = 0; r < R; ++r) _mm512_storeu_si512(sums + r * outputs + n * BLOCK, lanes[r]);
+#else
+      for (int64_t r = 0; r < R; ++r) {
+        int32_t lanes[BLOCK] = {};
+        for (int64_t g = 0; g < groups; ++g)
+          for (int64_t j = 0; j < BLOCK; ++j)
+            for (int64_t k = 0; k < GROUP; ++k)
+              lanes[j] += static_cast<int32_t>(x[r * width + g * GROUP + k]) * block[(g * BLOCK + j) * GROUP + k];
+        std::copy(lanes, lanes + BLOCK, sums + r * outputs + n * BLOCK);
+      }
+#endif
+    }
+  });
+}
 
 // Whether int8 products quantize their inputs to 7 bits: without VNNI, AVX2 and AVX-512 sum pairs of 8-bit products
 // in saturating 16 bits (torch's dynamic quantized Linear does the same).
@@ -99,13 +148,16 @@ bool reduce_range() {
 struct Linear {
   Tensor w, b;  // float32 [N, C], [N]; w undefined where int8
   Tensor packed, scale, zero;  // int8: oneDNN's weight, its scale per output [N] (float32), zero points [N] (0)
+  Tensor few, sums;  // int8: the weight in the few rows' layout, its rows' sums [N] (int32)
   Linear() = default;
   Linear(const Tensor& weight_, const Tensor& bias, bool int8) : w(weight_), b(bias) {
     if (!int8) return;
     static auto prepack = c10::Dispatcher::singleton().findSchemaOrThrow("onednn::qlinear_prepack", "");
     scale = w.abs().amax(1).div(127.0).clamp_min(1e-12);
     zero = at::zeros({w.size(0)}, w.options().dtype(torch::kLong));
-    torch::jit::Stack stack{w.div(scale.unsqueeze(1)).round().to(torch::kChar), c10::IValue()};
+    Tensor w8 = w.div(scale.unsqueeze(1)).round().to(torch::kChar);
+    few = few_rows_layout(w8), sums = w8.sum({1}, false, torch::kInt);
+    torch::jit::Stack stack{w8, c10::IValue()};
     prepack.callBoxed(&stack);
     packed = stack.at(0).toTensor();
     w = Tensor();  // only the packed copy is read
@@ -129,21 +181,36 @@ struct Linear {
                       c10::string_view)>();
     const int64_t ZERO = reduce_range() ? 64 : 128;  // 7 bits: u8 at most 127
     const float top = ZERO - 1;
-    const int64_t R = x.size(0), C = x.size(1);
-    Tensor q = at::empty({R, C}, x.options().dtype(torch::kByte));
+    const int64_t R = x.size(0), C = x.size(1), N = sums.size(0), groups = few.size(1);
+    const bool few_rows = R <= FEW_ROWS;
+    const int64_t width = few_rows ? groups * GROUP : C;  // the few rows' loop reads rows padded with zeros
+    Tensor q = few_rows ? at::zeros({FEW_ROWS, width}, x.options().dtype(torch::kByte))
+                        : at::empty({R, C}, x.options().dtype(torch::kByte));
     std::vector<float> row_scale(R);
     const float* in = x.data_ptr<float>();
     uint8_t* out = q.data_ptr<uint8_t>();
     for (int64_t r = 0; r < R; ++r) {
       row_scale[r] = std::max(largest(in + r * C, C), 1e-30f) / top;
       const float inverse = 1.f / row_scale[r];
-      for (int64_t c = 0; c < C; ++c) out[r * C + c] = uint8_t(std::nearbyint(in[r * C + c] * inverse) + ZERO);
+      for (int64_t c = 0; c < C; ++c) out[r * width + c] = uint8_t(std::nearbyint(in[r * C + c] * inverse) + ZERO);
+    }
+    const float* bias = b.defined() ? b.data_ptr<float>() : nullptr;
+    if (few_rows) {
+      Tensor total = at::empty({R, few.size(0) * BLOCK}, x.options().dtype(torch::kInt));
+      few_rows_int8(out, R, groups, few.data_ptr<int8_t>(), few.size(0), total.data_ptr<int32_t>());
+      Tensor y = at::empty({R, N}, x.options());
+      const int32_t *T = total.data_ptr<int32_t>(), *S = sums.data_ptr<int32_t>();
+      const float* ws = scale.data_ptr<float>();
+      float* p = y.data_ptr<float>();
+      for (int64_t r = 0; r < R; ++r)  // the zero point's share taken out, then scaled per output and row
+        for (int64_t n = 0; n < N; ++n)
+          p[r * N + n] = static_cast<float>(T[r * total.size(1) + n] - static_cast<int32_t>(ZERO) * S[n]) * ws[n] *
+                             row_scale[r] + (bias ? bias[n] : 0.f);
+      return y;
     }
     Tensor y = product.call(q, 1.0, ZERO, packed, scale, zero, std::nullopt, 1.0, 0, torch::kFloat, "none",
                             torch::List<std::optional<at::Scalar>>(), "");
-    const int64_t N = y.size(1);
     float* p = y.data_ptr<float>();
-    const float* bias = b.defined() ? b.data_ptr<float>() : nullptr;
     for (int64_t r = 0; r < R; ++r)
       for (int64_t n = 0; n < N; ++n) p[r * N + n] = p[r * N + n] * row_scale[r] + (bias ? bias[n] : 0.f);
     return y;

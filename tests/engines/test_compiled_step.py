@@ -189,8 +189,9 @@ def test_the_compiled_encoder_equals_fairseqs(model_pair, translation_model, ext
 
 
 def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
-    """oneDNN's product against its arithmetic in float64 (the weight per output, the input per call and row quantized:
-    a row's outputs do not depend on the other rows); the int8 step's scores near float32's."""
+    """The int8 products (a loop of its own at a few rows, oneDNN's above) against their arithmetic in float64 (the
+    weight per output, the input per call and row quantized: a row's outputs do not depend on the other rows); the
+    int8 step's scores near float32's."""
     task, eager, engine, sep = model_pair(*DOCUMENTS, int8=True)
     weight = eager.decoder.output_projection.weight.detach().double()
     x = torch.randn(5, weight.size(1)) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 0.1])[:, None]
@@ -200,10 +201,11 @@ def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
     x8 = (x.double() / rows).round()
     reference = rows * (x8 @ ((weight / scale).round() * scale).t())
     product = engine.decoder.step_engine.engine.output
-    got = product(x)
-    torch.testing.assert_close(got.double(), reference, rtol=1e-5, atol=1e-5 * reference.abs().max().item())
-    assert (got.double() - x.double() @ weight.t()).abs().max() > 1e-4  # int8: not float32's product
-    torch.testing.assert_close(product(x[:1]), got[:1], rtol=0, atol=0)  # a row alone as among others
+    for rows in (3, 5):  # the loop of the few rows' products, oneDNN's
+        got = product(x[:rows])
+        torch.testing.assert_close(got.double(), reference[:rows], rtol=1e-5, atol=1e-5 * reference.abs().max().item())
+        assert (got.double() - x[:rows].double() @ weight.t()).abs().max() > 1e-4  # int8: not float32's product
+        torch.testing.assert_close(product(x[:rows - 2]), got[:rows - 2], rtol=0, atol=0)  # rows alone as among others
     sample = _sample(task, sep)
     (scores, _), (int8_scores, _) = _steps(eager, task, sample, sep), _steps(engine, task, sample, sep)
     error = torch.cat([(a - b).abs().flatten() for a, b in zip(scores[1:], int8_scores[1:])])
