@@ -20,12 +20,12 @@ class InferenceConfig(FairseqDataclass):
     compiled_step: bool = field(default=False, metadata={
         "help": "at inference on the CPU, every decoding step run by the project's compiled layers "
                 "(rfa_fairseq/engines/compiled_step.cpp, built for the CPU on first use); with --task rfa_translation "
-                "the encoder and the beam search too. RFA decoders with the gaussian kernel. For a trained "
+                "the beam search too. RFA decoders with the gaussian kernel. For a trained "
                 "checkpoint: --model-overrides \"{'compiled_step': True}\""})
     int8_inference: bool = field(default=False, metadata={
-        "help": "--compiled-step with its products by weight matrices in int8 (oneDNN through torch: the weights one "
-                "scale per output, the inputs quantized per step and row) and the causal states in float16 (the "
-                "compiled layers only, not fairseq-eval-lm's scoring). "
+        "help": "--compiled-step with its products by weight matrices in int8 (the weights one scale per output, the "
+                "inputs quantized per step and row; oneDNN, at a few rows a loop of its own on CPUs with AVX-512 "
+                "VNNI) and the causal states in float16 (the compiled layers only, not fairseq-eval-lm's scoring). "
                 "For a trained checkpoint: --model-overrides \"{'int8_inference': True}\""})
     int8_min_weights: int = field(default=INT8_MIN_WEIGHTS, metadata={
         "help": "with --int8-inference, only the weight matrices of at least this many numbers (0: all)"})
@@ -50,8 +50,7 @@ def to_decoding_form_(model: nn.Module, int8: bool = False, cuda_graphs: bool = 
     if cuda_graphs:
         model.decoder.step_engine = StepGraphs(model.decoder)
     if compiled_step:
-        model.decoder.step_engine = CompiledStep(model.decoder, int8=int8, int8_min_weights=int8_min_weights,
-                                                 encoder=getattr(model, "encoder", None))
+        model.decoder.step_engine = CompiledStep(model.decoder, int8=int8, int8_min_weights=int8_min_weights)
     return model
 
 

@@ -4,12 +4,13 @@ At a few rows a decoding step is bound by its operators' dispatch and by the byt
 attention's arithmetic. :class:`CompiledStep` runs :meth:`RFATransformerDecoder.forward_step` as one C++ call
 (``compiled_step.cpp``: per layer the causal RFA block, the cross-attention block, the FFN, then the output projection),
 reading the modules' weights, copied once when the engine is made (``int8``: the products by weight matrices of at
-least ``int8_min_weights`` numbers by oneDNN with int8 weights, one scale per output, packed once; the causal states
-in float16, half the bytes a step reads and writes).
+least ``int8_min_weights`` numbers in int8, one scale per output, packed once: at up to 4 rows by a loop of
+compiled_step.cpp's own where the CPU has AVX-512 VNNI, else by oneDNN; the causal states in float16, half the bytes a
+step reads and writes).
 The modules stay the model and each block's reference (tests/engines/test_compiled_step.py).
 
 With ``--task rfa_translation`` the whole beam search is one C++ call (:meth:`CompiledStep.generate`, fairseq's
-hypotheses: tests/tasks/test_translation.py), after the encoder's, compiled too where it is fairseq's softmax encoder.
+hypotheses: tests/tasks/test_translation.py), after fairseq's encoder.
 
 The beam's reorder is folded into the step: each causal layer defers ``new_order``
 (``parents`` in its buffer) and the step gathers the parents' rows as it reads the state, writing the advanced state
@@ -24,7 +25,6 @@ from typing import Optional
 
 import torch
 from fairseq import utils
-from fairseq.modules import MultiheadAttention
 from torch import Tensor, nn
 
 from ..extensions import build
@@ -69,33 +69,6 @@ def _gelu(layer: nn.Module) -> float:
     return float(activations[layer.activation_fn] == "gelu")
 
 
-def _encoder(encoder: nn.Module, op, int8_min_weights: int):
-    """compiled_step.cpp's Encoder of fairseq's softmax encoder, None for another (linear self-attention, adaptive or
-    noised inputs): that runs as it is."""
-    if not isinstance(getattr(encoder, "embed_tokens", None), nn.Embedding) or getattr(encoder, "quant_noise", None) \
-            or any(type(layer.self_attn) is not MultiheadAttention for layer in encoder.layers):
-        return None
-    weights, numbers = {"embed_tokens.weight": encoder.embed_tokens.weight.detach().float().contiguous()}, {
-        "embed_scale": float(encoder.embed_scale), "padding_idx": float(encoder.padding_idx)}
-    for name in ("layernorm_embedding", "layer_norm"):
-        if getattr(encoder, name, None) is not None:
-            _norm(weights, numbers, name, getattr(encoder, name))
-    layers = []
-    for layer in encoder.layers:
-        attention = layer.self_attn
-        w, n = {}, {"heads": float(attention.num_heads), "normalize_before": float(layer.normalize_before),
-                    "gelu": _gelu(layer)}
-        projections = [attention.q_proj, attention.k_proj, attention.v_proj]  # one product: q | k | v
-        w["self_attn.in_proj.weight"] = torch.cat([p.weight for p in projections]).detach().float().contiguous()
-        w["self_attn.in_proj.bias"] = torch.cat([p.bias for p in projections]).detach().float().contiguous()
-        for name in ("self_attn.out_proj", "fc1", "fc2"):
-            _linear(w, name, layer.get_submodule(name))
-        for name in ("self_attn_layer_norm", "final_layer_norm"):
-            _norm(w, n, name, getattr(layer, name))
-        layers.append((w, n))
-    return op.Encoder(weights, numbers, [w for w, _ in layers], [n for _, n in layers], int8_min_weights)
-
-
 def _layer(layer: nn.Module, window: bool):
     """One decoder layer's weights and settings, as compiled_step.cpp's Decoder reads them (``window``: its softmax
     cross attention reads the sentence window's span)."""
@@ -134,8 +107,7 @@ class CompiledStep:
     """The decoder's step engine (``decoder.step_engine``, called as :class:`StepGraphs` is): the step's scores from
     compiled_step.cpp, or None where the step is to run eagerly."""
 
-    def __init__(self, decoder: nn.Module, int8: bool = False, int8_min_weights: int = 0,
-                 encoder: Optional[nn.Module] = None):
+    def __init__(self, decoder: nn.Module, int8: bool = False, int8_min_weights: int = 0):
         if not hasattr(decoder, "forward_step"):
             raise ValueError("--compiled-step runs RFA's fixed-size decoding step: it needs an RFA decoder "
                              "(not --decoder-attention softmax, whose cache grows every step)")
@@ -150,9 +122,6 @@ class CompiledStep:
         self.state_dtype = torch.float16 if int8 else torch.float32  # int8: the causal states in float16 too
         self.layers = list(decoder.layers)
         self.engine = None if self.op is None else self._build(int8, int8_min_weights)
-        self.encoder, self.encoder_engine = encoder, None  # the encoder's, where the search runs here
-        if self.op is not None and encoder is not None:
-            self.encoder_engine = _encoder(encoder, self.op, int8_min_weights if int8 else -1)
         self.setup_seconds = time.perf_counter() - start  # loading (first on a machine: building) the C++, packing
 
     def _build(self, int8: bool, int8_min_weights: int):
@@ -205,21 +174,12 @@ class CompiledStep:
 
     def generate(self, search, net_input: dict, max_len: int) -> Optional[list]:
         """fairseq's hypotheses for the sources of ``net_input`` by the beam search of ``search``
-        (:class:`tasks.translation.CompiledSearch`, its settings): the encoder (compiled where it is fairseq's
-        softmax encoder), then the whole search in one C++ call (``Decoder::generate``); None where the engine does not
-        run it."""
+        (:class:`tasks.translation.CompiledSearch`, its settings): fairseq's encoder, then the whole search in one C++
+        call (``Decoder::generate``); None where the engine does not run it."""
         src = net_input["src_tokens"]
         if self.engine is None or torch.is_grad_enabled() or src.device.type != "cpu":
             return None
-        if self.encoder_engine is None:
-            encoder_outs = search.model.forward_encoder(net_input)
-        else:  # fairseq's encoder output, and the plugin's src_tokens (models/rfa_encoder.py)
-            positions = None if self.encoder.embed_positions is None else self.encoder.embed_positions(src)
-            encoder_outs = [{"encoder_out": [self.encoder_engine.forward(src, positions)],
-                             "encoder_padding_mask": [src.eq(self.encoder.padding_idx)], "encoder_embedding": [],
-                             "encoder_states": [], "fc_results": [], "src_tokens": [src],
-                             "src_lengths": [net_input["src_lengths"]]}]
-        encoder_out, sources = encoder_outs[0], src.size(0)  # a cache row per source: its beams read it
+        encoder_out, sources = search.model.forward_encoder(net_input)[0], src.size(0)  # a cache row per source
         d, caches, state = self.decoder, [], {}
         d.set_beam_size(1)  # the modules' caches of the rows they are given (a fairseq search sets its beam again)
         self._first_step(sources, encoder_out, state, state_rows=1)  # one zero state, read by every row

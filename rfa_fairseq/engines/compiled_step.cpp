@@ -80,17 +80,19 @@ void float_product(const float* x, int64_t R, int64_t C, const float* w, const f
   });
 }
 
-// The beam search scans a row's scores for candidates in blocks of this many (one vector compare, most blocks none).
-constexpr int64_t SCAN = 16;
-
 // Up to this many rows a float32 product is float_product's, from it ATen's (MKL's packing then pays for itself);
 // an int8 product Linear's own loop, from it oneDNN's (whose call, at a few rows, costs more than its product).
 constexpr int64_t FEW_ROWS = 4;
 
 // An int8 weight [N, C] as the few rows' loop reads it: blocks of 16 outputs, in each the outputs' groups of 4
 // consecutive inputs side by side ([N / 16, C / 4, 16, 4], N and C padded with zeros), so that one VNNI instruction
-// adds a group's 4 products to 16 outputs' sums.
+// adds a group's 4 products to 16 outputs' sums. Where the CPU has no AVX-512 VNNI, oneDNN takes every int8 product.
 constexpr int64_t BLOCK = 16, GROUP = 4;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool HAS_FEW_ROWS_LOOP = true;
+#else
+constexpr bool HAS_FEW_ROWS_LOOP = false;
+#endif
 
 Tensor few_rows_layout(const Tensor& w8) {
   const int64_t N = w8.size(0), C = w8.size(1), blocks = (N + BLOCK - 1) / BLOCK, groups = (C + GROUP - 1) / GROUP;
@@ -103,11 +105,11 @@ Tensor few_rows_layout(const Tensor& w8) {
 // zeros) by a weight in the few rows' layout, each weight read once for all rows (always FEW_ROWS of them: a count
 // known to the compiler keeps the sums in registers)
 void few_rows_int8(const uint8_t* x, int64_t R, int64_t groups, const int8_t* w, int64_t blocks, int32_t* sums) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   const int64_t width = groups * GROUP, outputs = blocks * BLOCK;
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const int8_t* block = w + n * groups * BLOCK * GROUP;
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
       __m512i lanes[FEW_ROWS];
       for (int64_t r = 0; r < FEW_ROWS; ++r) lanes[r] = _mm512_setzero_si512();
       for (int64_t g = 0; g < groups; ++g) {
@@ -119,18 +121,11 @@ void few_rows_int8(const uint8_t* x, int64_t R, int64_t groups, const int8_t* w,
         }
       }
       for (int64_t r = 0; r < R; ++r) _mm512_storeu_si512(sums + r * outputs + n * BLOCK, lanes[r]);
-#else
-      for (int64_t r = 0; r < R; ++r) {
-        int32_t lanes[BLOCK] = {};
-        for (int64_t g = 0; g < groups; ++g)
-          for (int64_t j = 0; j < BLOCK; ++j)
-            for (int64_t k = 0; k < GROUP; ++k)
-              lanes[j] += static_cast<int32_t>(x[r * width + g * GROUP + k]) * block[(g * BLOCK + j) * GROUP + k];
-        std::copy(lanes, lanes + BLOCK, sums + r * outputs + n * BLOCK);
-      }
-#endif
     }
   });
+#else
+  TORCH_CHECK(false, "compiled step: the few rows' int8 loop needs AVX-512 VNNI");
+#endif
 }
 
 // Whether int8 products quantize their inputs to 7 bits: without VNNI, AVX2 and AVX-512 sum pairs of 8-bit products
@@ -148,7 +143,7 @@ bool reduce_range() {
 struct Linear {
   Tensor w, b;  // float32 [N, C], [N]; w undefined where int8
   Tensor packed, scale, zero;  // int8: oneDNN's weight, its scale per output [N] (float32), zero points [N] (0)
-  Tensor few, sums;  // int8: the weight in the few rows' layout, its rows' sums [N] (int32)
+  Tensor few, sums;  // int8 with AVX-512 VNNI: the weight in the few rows' layout, its rows' sums [N] (int32)
   Linear() = default;
   Linear(const Tensor& weight_, const Tensor& bias, bool int8) : w(weight_), b(bias) {
     if (!int8) return;
@@ -156,7 +151,7 @@ struct Linear {
     scale = w.abs().amax(1).div(127.0).clamp_min(1e-12);
     zero = at::zeros({w.size(0)}, w.options().dtype(torch::kLong));
     Tensor w8 = w.div(scale.unsqueeze(1)).round().to(torch::kChar);
-    few = few_rows_layout(w8), sums = w8.sum({1}, false, torch::kInt);
+    if (HAS_FEW_ROWS_LOOP) few = few_rows_layout(w8), sums = w8.sum({1}, false, torch::kInt);
     torch::jit::Stack stack{w8, c10::IValue()};
     prepack.callBoxed(&stack);
     packed = stack.at(0).toTensor();
@@ -181,9 +176,9 @@ struct Linear {
                       c10::string_view)>();
     const int64_t ZERO = reduce_range() ? 64 : 128;  // 7 bits: u8 at most 127
     const float top = ZERO - 1;
-    const int64_t R = x.size(0), C = x.size(1), N = sums.size(0), groups = few.size(1);
-    const bool few_rows = R <= FEW_ROWS;
-    const int64_t width = few_rows ? groups * GROUP : C;  // the few rows' loop reads rows padded with zeros
+    const int64_t R = x.size(0), C = x.size(1), N = scale.size(0);
+    const bool few_rows = HAS_FEW_ROWS_LOOP && R <= FEW_ROWS;
+    const int64_t width = few_rows ? few.size(1) * GROUP : C;  // the few rows' loop reads rows padded with zeros
     Tensor q = few_rows ? at::zeros({FEW_ROWS, width}, x.options().dtype(torch::kByte))
                         : at::empty({R, C}, x.options().dtype(torch::kByte));
     std::vector<float> row_scale(R);
@@ -197,7 +192,7 @@ struct Linear {
     const float* bias = b.defined() ? b.data_ptr<float>() : nullptr;
     if (few_rows) {
       Tensor total = at::empty({R, few.size(0) * BLOCK}, x.options().dtype(torch::kInt));
-      few_rows_int8(out, R, groups, few.data_ptr<int8_t>(), few.size(0), total.data_ptr<int32_t>());
+      few_rows_int8(out, R, few.size(1), few.data_ptr<int8_t>(), few.size(0), total.data_ptr<int32_t>());
       Tensor y = at::empty({R, N}, x.options());
       const int32_t *T = total.data_ptr<int32_t>(), *S = sums.data_ptr<int32_t>();
       const float* ws = scale.data_ptr<float>();
@@ -478,66 +473,6 @@ Tensor ffn(const Linear& fc1, const Linear& fc2, bool gelu, const Tensor& h) {
   return fc2(gelu ? at::gelu(hidden) : hidden.clamp_min_(0.f));
 }
 
-// The encoder (fairseq's TransformerEncoderBase, softmax self-attention: fairseq's MultiheadAttention) as the same
-// blocks: its products by the weights as the decoder's (one for q, k and v), the attention by ATen's batched products.
-class Encoder {
- public:
-  Encoder(const Weights& w, const Numbers& n, const std::vector<Weights>& layer_weights,
-          const std::vector<Numbers>& layer_numbers, int64_t int8_min_weights)
-      : embed_(weight(w, "embed_tokens.weight")), embed_scale_(number(n, "embed_scale")),
-        padding_idx_(static_cast<int64_t>(number(n, "padding_idx"))) {
-    if (w.count("layernorm_embedding.weight")) embed_norm_ = norm(w, n, "layernorm_embedding"), has_embed_norm_ = true;
-    if (w.count("layer_norm.weight")) final_norm_ = norm(w, n, "layer_norm"), has_final_norm_ = true;
-    for (size_t i = 0; i < layer_weights.size(); ++i) {
-      const Weights& lw = layer_weights[i];
-      const Numbers& ln = layer_numbers[i];
-      layers_.push_back({linear(lw, "self_attn.in_proj", int8_min_weights),
-                         linear(lw, "self_attn.out_proj", int8_min_weights), linear(lw, "fc1", int8_min_weights),
-                         linear(lw, "fc2", int8_min_weights), norm(lw, ln, "self_attn_layer_norm"),
-                         norm(lw, ln, "final_layer_norm"), static_cast<int64_t>(number(ln, "heads")),
-                         number(ln, "normalize_before") != 0, number(ln, "gelu") != 0});
-    }
-  }
-
-  // tokens [B, T] (fairseq's padded batch), their positional embeddings [B, T, C] (none without): the output [T, B, C]
-  Tensor forward(const Tensor& tokens, const c10::optional<Tensor>& positions) const {
-    const int64_t B = tokens.size(0), T = tokens.size(1), C = embed_.size(1);
-    Tensor real = tokens.ne(padding_idx_);
-    Tensor x = at::embedding(embed_, tokens).mul_(embed_scale_);
-    if (positions.has_value()) x.add_(*positions);
-    if (has_embed_norm_) x = x.view({B * T, C}), embed_norm_(x);
-    x = x.view({B, T, C}).mul(real.unsqueeze(-1)).view({B * T, C});
-    Tensor hidden_pads = real.logical_not().view({B, 1, 1, T});
-    for (const Layer& layer : layers_) {
-      x = block(x, layer.self_norm, layer.pre_norm, [&](const Tensor& h) {
-        const int64_t H = layer.heads, K = C / H;
-        Tensor qkv = layer.in(h).view({B, T, 3, H, K}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, K]
-        Tensor scores = at::matmul(qkv[0] * (1.0 / std::sqrt(static_cast<double>(K))), qkv[1].transpose(-1, -2));
-        Tensor heads = at::matmul(at::softmax(scores.masked_fill_(hidden_pads, -INFINITY), -1), qkv[2]);
-        return layer.out(heads.permute({0, 2, 1, 3}).reshape({B * T, C}));
-      });
-      x = block(x, layer.ffn_norm, layer.pre_norm,
-                [&](const Tensor& h) { return ffn(layer.fc1, layer.fc2, layer.gelu, h); });
-    }
-    if (has_final_norm_) final_norm_(x);
-    return x.view({B, T, C}).transpose(0, 1).contiguous();
-  }
-
- private:
-  struct Layer {
-    Linear in, out, fc1, fc2;
-    Norm self_norm, ffn_norm;
-    int64_t heads;
-    bool pre_norm, gelu;
-  };
-  Tensor embed_;
-  double embed_scale_;
-  int64_t padding_idx_;
-  Norm embed_norm_, final_norm_;
-  bool has_embed_norm_ = false, has_final_norm_ = false;
-  std::vector<Layer> layers_;
-};
-
 struct Layer {
   CausalRFA self;
   Norm self_norm, cross_norm, ffn_norm;
@@ -709,15 +644,6 @@ class Decoder {
           const float* l = L + (i * beam + b) * V;
           const float running = step == 0 ? 0.f : rows[i * beam + b].scores.back();
           for (int64_t v = 0; v < V; ++v) {
-            if (full && v % SCAN == 0) {  // a block none of whose scores beats the bound (NaN does not) is skipped
-              const int64_t n = std::min(SCAN, V - v);
-              bool any = false;
-              for (int64_t j = 0; j < n; ++j) any |= (l[v + j] + B[v + j]) + running > bound;
-              if (!any) {
-                v += n - 1;
-                continue;
-              }
-            }
             const float score = ((std::isnan(l[v]) ? -INFINITY : l[v]) + B[v]) + running;
             if (full && !(score > bound)) continue;
             auto at = std::upper_bound(top.begin(), top.end(), score,
@@ -869,9 +795,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("step", &Decoder::step, "one decoding step (see the C++ source)")
       .def("generate", &Decoder::generate, "the beam search over the steps (see the C++ source)")
       .def("output", &Decoder::output);
-  pybind11::class_<Encoder>(m, "Encoder")
-      .def(pybind11::init<const Weights&, const Numbers&, const std::vector<Weights>&, const std::vector<Numbers>&,
-                          int64_t>())
-      .def("forward", &Encoder::forward, "the encoder's output (see the C++ source)");
   m.def("reduce_range", &reduce_range, "whether int8 products quantize their inputs to 7 bits (no VNNI)");
 }

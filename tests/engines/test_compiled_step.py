@@ -163,31 +163,6 @@ def test_a_language_models_steps_equal_eager(lm_model):
     assert step_engine.calls >= 15
 
 
-@pytest.mark.parametrize("extra", [[], ["--encoder-normalize-before", "--activation-fn", "gelu"],
-                                   ["--encoder-learned-pos", "--layernorm-embedding"], ["--sentence-index"]],
-                         ids=["post-norm", "pre-norm-gelu", "learned-pos-embed-norm", "sentence-index"])
-def test_the_compiled_encoder_equals_fairseqs(model_pair, translation_model, extra):
-    """compiled_step.cpp's Encoder against fairseq's softmax encoder, left-padded sources (outputs at the real
-    tokens); in int8 near float32; linear encoders run as they are."""
-    sample = None
-    for int8 in (False, True):
-        task, eager, engine, sep = model_pair(*GATE_SOFTMAX_CROSS, *extra, int8=int8)
-        sample = sample or _sample(task, sep)
-        src, encoder = sample["net_input"]["src_tokens"], engine.decoder.step_engine.encoder_engine
-        with torch.no_grad():
-            want = eager.encoder(src, sample["net_input"]["src_lengths"])["encoder_out"][0]
-            got = encoder.forward(src, eager.encoder.embed_positions(src))
-        real = src.ne(task.source_dictionary.pad()).t()
-        error = (got - want)[real].abs()
-        if int8:
-            assert 0 < error.mean() < 0.02 * want[real].abs().mean(), error.mean()
-        else:
-            torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
-    _, linear = translation_model("--encoder-attention", "rfa", rfa_flags=False)
-    to_decoding_form_(linear.eval(), compiled_step=True)
-    assert linear.decoder.step_engine.encoder_engine is None and linear.decoder.step_engine.engine is not None
-
-
 def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
     """The int8 products (a loop of its own at a few rows, oneDNN's above) against their arithmetic in float64 (the
     weight per output, the input per call and row quantized: a row's outputs do not depend on the other rows); the
