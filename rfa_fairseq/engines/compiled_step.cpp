@@ -8,7 +8,7 @@
 //   RFA cross attention (CrossRFAttention): the features of q read from the source's state;
 //   the FFN, the residuals and layer norms (fairseq's TransformerDecoderLayerBase), the output projection.
 // At a few rows a step reads every weight once: products by a weight matrix read each weight once for all rows
-// (float_product), or, for matrices marked int8, a quarter of the bytes (oneDNN's int8 product).
+// (float_product), or, for matrices marked int8, a quarter of the bytes (few_rows_int8; above 4 rows oneDNN's).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -138,8 +138,8 @@ bool reduce_range() {
 // A product by a weight matrix [N, C] and its bias [N] (or none): float32, or int8 weights by oneDNN (torch's
 // onednn::qlinear_prepack, packed once, and onednn::qlinear_pointwise: AMX, VNNI or AVX2 as the CPU has). The weight
 // is quantized per output, the input per call and row (u8 about a zero point of 128, the row's largest magnitude at
-// 127; 64 and 63 in 7 bits), the int32 sums scaled back per output and row, so that a row's outputs do not depend on the other rows
-// (another sentence of the batch, another beam).
+// 127; 64 and 63 in 7 bits), the int32 sums scaled back per output and row, so that a row's outputs do not depend on
+// the other rows (another sentence of the batch, another beam). At up to FEW_ROWS rows few_rows_int8, where built.
 struct Linear {
   Tensor w, b;  // float32 [N, C], [N]; w undefined where int8
   Tensor packed, scale, zero;  // int8: oneDNN's weight, its scale per output [N] (float32), zero points [N] (0)
