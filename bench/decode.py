@@ -13,6 +13,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from collections import defaultdict
 
 import torch
@@ -247,8 +248,10 @@ def decode_checkpoint(model, argv, args, do_profile):
         torch.set_num_threads(args.threads)
     if ct2:
         (ctranslate2 := importlib.import_module("ctranslate2")).set_random_seed(cfg.common.seed)
+        loading = time.perf_counter()  # the converted model's load, as the compiled step's (setup_seconds)
         engine = (ctranslate2.Generator if lm else ctranslate2.Translator)(
             path, device="cuda" if cuda else "cpu", compute_type=ct2, intra_threads=args.threads or 0)
+        loading = time.perf_counter() - loading
         task.load_dataset(split)
         limit = task.max_positions()
         translate = lambda s: [[tgt.index(t) for t in r.hypotheses[0]] for r in engine.translate_batch(  # noqa: E731
@@ -289,16 +292,15 @@ def decode_checkpoint(model, argv, args, do_profile):
     batches = [utils.move_to_cuda(b) if cuda else b for b in batches[:args.max_batches]]
     parts, device = [], "cuda" if cuda else "cpu"  # (length or None, seconds, peak, outputs by id, growth)
     with torch.no_grad():
-        if not lm:  # an untimed warm-up batch, lest one-time costs land in the first bucket; the compiled step's load
-            translate(batches[0])  # and packing are counted in the first batch (setup: to count, counted)
-        setup = [0.0 if ct2 or lm else getattr(getattr(net.decoder, "step_engine", None), "setup_seconds", 0.0)] * 2
+        if not lm:  # an untimed warm-up batch, lest one-time costs land in the first bucket; the engines' loads
+            translate(batches[0])  # are reported beside the batches' times (engine_setup_s), in none of them
+        setup = loading if ct2 else 0.0 if lm else getattr(getattr(net.decoder, "step_engine", None), "setup_seconds", 0.0)
         for n in sorted(args.lengths) if lm else [None]:
             for i, b in enumerate(batches):
                 out, start = [], harness.reset_peak(device)  # the peak (CUDA: torch's, blind to CTranslate2) above the start
                 seconds = harness.timed(lambda: out.extend(generate(b, n) if lm else translate(b)), device, clock=args.clock)[0]
                 peak = (None if ct2 else torch.cuda.max_memory_allocated()) if cuda else harness.status_bytes("VmHWM")
                 ids = range(i * cfg.dataset.batch_size, i * cfg.dataset.batch_size + len(b)) if lm else b["id"].tolist()
-                seconds, setup[0] = seconds + setup[0], 0.0
                 parts.append((n, seconds, peak, dict(zip(ids, out)), None if peak is None else max(peak - start, 0)))
     rows = []
     for n in sorted(args.lengths) if lm else [None]:
@@ -306,15 +308,15 @@ def decode_checkpoint(model, argv, args, do_profile):
         if lm:
             row.update(length=n, prompts=args.prompts, generated=sorted({len(o) for o in row["_out"]}))
         else:
-            edges = [0] + args.bucket_edges + [None]
+            edges, reference = [0] + args.bucket_edges + [None], lambda i: len(task.dataset(split)[i]["target"])
             row["buckets"] = [dict(summary(got, True), bucket=f"{lo + 1}-{hi}" if hi else f"{lo + 1}+", bucket_from=lo + 1)
                               for lo, hi in zip(edges, edges[1:]) if (got := [p for p in parts if lo < max(
-                                  [len(o) + 1 for o in p[3].values()]) <= (hi or float("inf"))])]
+                                  map(reference, p[3])) <= (hi or float("inf"))])]  # every engine's the same batches
             refs = [tgt.string(task.dataset(split)[i]["target"], cfg.common_eval.post_process, escape_unk=True) for i in row["_ids"]]
             hyps = [tgt.string(torch.tensor(o, dtype=torch.long), cfg.common_eval.post_process) for o in row["_out"]]
             row["bleu"] = __import__("sacrebleu").corpus_bleu(hyps, [refs]).score
         rows.append(dict(row, memory="cuda max_memory_allocated" if cuda else "peak resident set of the decoding process",
-                         engine_setup_s=round(setup[1], 3)))
+                         engine_setup_s=round(setup, 3)))
     if do_profile and not ct2:
         steps = mark(net)
         rows[0]["profile"] = profiled(lambda: [generate(b, min(args.lengths)) if lm else translate(b) for b in batches], steps)
@@ -405,7 +407,7 @@ def parse_args(argv=None):
                    help="repeatable; the first is the reference of the ratios")
     c.add_argument("--task", choices=["translation", "rfa_translation", "language_modeling"], default="translation")
     c.add_argument("--source-lang"), c.add_argument("--target-lang")
-    for flag, default, text in (("--bucket-edges", [128, 256, 512], "translation: output-length buckets (tokens with </s>)"),
+    for flag, default, text in (("--bucket-edges", [128, 256, 512], "translation: buckets by the batch's longest reference (tokens with </s>)"),
                                 ("--lengths", [1024, 4096, 8192], "language_modeling: new tokens after each prompt"),
                                 ("--prompts", 4, "language_modeling: from the first blocks"),
                                 ("--prompt-tokens", 64, "language_modeling: tokens a prompt")):

@@ -55,7 +55,7 @@ def checkpoint_table(data):
         [[r["model"], f"{r['sentences']:,}", f"{r['tokens']:,}", f"{r['seconds']:.1f}", f"{r['sentences_per_s']:.2f}",
           f"{r['tokens_per_s']:.1f}", f"{r['ratio']:.2f}x", mib(r.get("peak_bytes")), f"{r.get('memory_ratio', 0):.2f}x",
           f"{r['bleu']:.2f}" if "bleu" in r else "-", f"{r['same_as_first']:.2f}" if "same_as_first" in r else "-"]
-         for r in rows]) + ("\n\nBy output tokens per sentence (a batch counts where its longest output falls):\n\n" + by_length(
+         for r in rows]) + ("\n\nBy output tokens per sentence (a batch counts where its longest reference falls):\n\n" + by_length(
             buckets, columns, lambda r: (r["bucket_from"], r["bucket"]), ("output tokens",), lambda k: k[1]) if buckets else "")
 
 

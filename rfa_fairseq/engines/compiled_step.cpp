@@ -44,18 +44,23 @@ double number(const Numbers& n, const std::string& name) {
   return it->second;
 }
 
-// a . b over n numbers in 16 lanes of partial sums (one AVX-512 vector, two AVX2 ones): a compiler keeps a float
-// sum's order, so a single running sum would not vectorize
-inline float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t n) {
+// the sum of term(i) over i < n in 16 lanes of partial sums (one AVX-512 vector, two AVX2 ones): a compiler keeps a
+// float sum's order, so a single running sum would not vectorize
+template <typename Term>
+inline float lanes_sum(int64_t n, Term&& term) {
   constexpr int64_t L = 16;
   float lanes[L] = {};
   int64_t i = 0;
   for (; i + L <= n; i += L)
-    for (int64_t l = 0; l < L; ++l) lanes[l] += a[i + l] * b[i + l];
+    for (int64_t l = 0; l < L; ++l) lanes[l] += term(i + l);
   float sum = 0.f;
-  for (; i < n; ++i) sum += a[i] * b[i];
+  for (; i < n; ++i) sum += term(i);
   for (int64_t l = 0; l < L; ++l) sum += lanes[l];
   return sum;
+}
+
+inline float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t n) {
+  return lanes_sum(n, [&](int64_t i) { return a[i] * b[i]; });
 }
 
 // max |a| over n numbers, in 16 lanes as dot
@@ -101,10 +106,10 @@ Tensor few_rows_layout(const Tensor& w8) {
   return padded.view({blocks, BLOCK, groups, GROUP}).permute({0, 2, 1, 3}).contiguous();
 }
 
-// sums [R, blocks x 16] (int32) of x [FEW_ROWS, groups x 4] (u8, its rows padded with zeros; those from R on
-// zeros) by a weight in the few rows' layout, each weight read once for all rows (always FEW_ROWS of them: a count
-// known to the compiler keeps the sums in registers)
-void few_rows_int8(const uint8_t* x, int64_t R, int64_t groups, const int8_t* w, int64_t blocks, int32_t* sums) {
+// sums [FEW_ROWS, blocks x 16] (int32) of x [FEW_ROWS, groups x 4] (u8, its rows padded with zeros; the rows past
+// the input's zeros) by a weight in the few rows' layout, each weight read once for all rows (always FEW_ROWS of
+// them: a count known to the compiler keeps the sums in registers)
+void few_rows_int8(const uint8_t* x, int64_t groups, const int8_t* w, int64_t blocks, int32_t* sums) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   const int64_t width = groups * GROUP, outputs = blocks * BLOCK;
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
@@ -120,7 +125,7 @@ void few_rows_int8(const uint8_t* x, int64_t R, int64_t groups, const int8_t* w,
           lanes[r] = _mm512_dpbusd_epi32(lanes[r], _mm512_set1_epi32(four), weights);
         }
       }
-      for (int64_t r = 0; r < R; ++r) _mm512_storeu_si512(sums + r * outputs + n * BLOCK, lanes[r]);
+      for (int64_t r = 0; r < FEW_ROWS; ++r) _mm512_storeu_si512(sums + r * outputs + n * BLOCK, lanes[r]);
     }
   });
 #else
@@ -152,6 +157,7 @@ struct Linear {
     zero = at::zeros({w.size(0)}, w.options().dtype(torch::kLong));
     Tensor w8 = w.div(scale.unsqueeze(1)).round().to(torch::kChar);
     if (HAS_FEW_ROWS_LOOP) few = few_rows_layout(w8), sums = w8.sum({1}, false, torch::kInt);
+    if (!b.defined()) b = at::zeros({w.size(0)}, w.options());
     torch::jit::Stack stack{w8, c10::IValue()};
     prepack.callBoxed(&stack);
     packed = stack.at(0).toTensor();
@@ -189,25 +195,27 @@ struct Linear {
       const float inverse = 1.f / row_scale[r];
       for (int64_t c = 0; c < C; ++c) out[r * width + c] = uint8_t(std::nearbyint(in[r * C + c] * inverse) + ZERO);
     }
-    const float* bias = b.defined() ? b.data_ptr<float>() : nullptr;
+    const float* __restrict__ bias = b.data_ptr<float>();  // int8: zeros where the module has no bias
     if (few_rows) {
-      Tensor total = at::empty({R, few.size(0) * BLOCK}, x.options().dtype(torch::kInt));
-      few_rows_int8(out, R, few.size(1), few.data_ptr<int8_t>(), few.size(0), total.data_ptr<int32_t>());
+      Tensor total = at::empty({FEW_ROWS, few.size(0) * BLOCK}, x.options().dtype(torch::kInt));
+      few_rows_int8(out, few.size(1), few.data_ptr<int8_t>(), few.size(0), total.data_ptr<int32_t>());
       Tensor y = at::empty({R, N}, x.options());
-      const int32_t *T = total.data_ptr<int32_t>(), *S = sums.data_ptr<int32_t>();
-      const float* ws = scale.data_ptr<float>();
-      float* p = y.data_ptr<float>();
-      for (int64_t r = 0; r < R; ++r)  // the zero point's share taken out, then scaled per output and row
+      const int32_t* __restrict__ S = sums.data_ptr<int32_t>();
+      const float* __restrict__ ws = scale.data_ptr<float>();
+      for (int64_t r = 0; r < R; ++r) {  // the zero point's share taken out, then scaled per output and row
+        const int32_t* __restrict__ t = total.data_ptr<int32_t>() + r * total.size(1);
+        float* __restrict__ p = y.data_ptr<float>() + r * N;
         for (int64_t n = 0; n < N; ++n)
-          p[r * N + n] = static_cast<float>(T[r * total.size(1) + n] - static_cast<int32_t>(ZERO) * S[n]) * ws[n] *
-                             row_scale[r] + (bias ? bias[n] : 0.f);
+          p[n] = static_cast<float>(t[n] - static_cast<int32_t>(ZERO) * S[n]) * ws[n] * row_scale[r] + bias[n];
+      }
       return y;
     }
     Tensor y = product.call(q, 1.0, ZERO, packed, scale, zero, std::nullopt, 1.0, 0, torch::kFloat, "none",
                             torch::List<std::optional<at::Scalar>>(), "");
-    float* p = y.data_ptr<float>();
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t n = 0; n < N; ++n) p[r * N + n] = p[r * N + n] * row_scale[r] + (bias ? bias[n] : 0.f);
+    for (int64_t r = 0; r < R; ++r) {
+      float* __restrict__ p = y.data_ptr<float>() + r * N;
+      for (int64_t n = 0; n < N; ++n) p[n] = p[n] * row_scale[r] + bias[n];
+    }
     return y;
   }
 };
@@ -230,11 +238,9 @@ struct Norm {
       float* row = p + r * C;
       if (add)
         for (int64_t c = 0; c < C; ++c) row[c] += add[r * C + c];
-      double mean = 0, var = 0;
-      for (int64_t c = 0; c < C; ++c) mean += row[c];
-      mean /= C;
-      for (int64_t c = 0; c < C; ++c) var += (row[c] - mean) * (row[c] - mean);
-      const float inv = 1.f / std::sqrt(static_cast<float>(var / C) + eps), m = static_cast<float>(mean);
+      const float m = lanes_sum(C, [&](int64_t c) { return row[c]; }) / C;
+      const float var = lanes_sum(C, [&](int64_t c) { return (row[c] - m) * (row[c] - m); }) / C;
+      const float inv = 1.f / std::sqrt(var + eps);
       for (int64_t c = 0; c < C; ++c) row[c] = (row[c] - m) * inv * g[c] + h[c];
     }
   }
@@ -257,14 +263,16 @@ Tensor gaussian_features(const Tensor& x, const Tensor& projection) {
     const float* __restrict__ u = px + i * K;
     const float* __restrict__ w = pw + (i % H) * K * D;
     float* __restrict__ a = pa + i * 2 * D;
-    float norm = 0.f;
-    for (int64_t k = 0; k < K; ++k) norm += u[k] * u[k];
-    const float scale = 1.f / (std::sqrt(norm) + 1e-6f);
-    for (int64_t d = 0; d < D; ++d) a[d] = 0.f;
-    for (int64_t k = 0; k < K; ++k) {
-      const float uk = u[k] * scale;
-      for (int64_t d = 0; d < D; ++d) a[d] += uk * w[k * D + d];
+    const float scale = 1.f / (std::sqrt(dot(u, u, K)) + 1e-6f);
+    constexpr int64_t L = 16;  // features summed at a time, their sums in registers
+    int64_t d0 = 0;
+    for (; d0 + L <= D; d0 += L) {
+      float sums[L] = {};
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t l = 0; l < L; ++l) sums[l] += u[k] * scale * w[k * D + d0 + l];
+      std::copy(sums, sums + L, a + d0);
     }
+    for (int64_t d = d0; d < D; ++d) a[d] = lanes_sum(K, [&](int64_t k) { return u[k] * scale * w[k * D + d]; });
     for (int64_t d = 0; d < D; ++d) a[D + d] = a[d] + half_pi;
   }
   return angles.sin_().mul_(1.f / std::sqrt(static_cast<float>(D)));
@@ -752,7 +760,16 @@ class Decoder {
              const std::vector<std::vector<Tensor>>& caches, const std::vector<int64_t>& source) {
     TORCH_CHECK(states.size() == layers_.size() && next.size() == layers_.size() && caches.size() == layers_.size(),
                 "compiled step: one state, buffer and cache per layer");
-    Tensor x = at::embedding(embed_, tokens).mul_(embed_scale_);
+    const int64_t R = tokens.size(0), C = embed_.size(1);
+    Tensor x = at::empty({R, C}, embed_.options());  // the tokens' embeddings, scaled
+    const auto ids = tokens.accessor<int64_t, 1>();
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t token = ids[r];
+      TORCH_CHECK(token >= 0 && token < embed_.size(0), "compiled step: token ", token, " out of the vocabulary");
+      const float* e = embed_.data_ptr<float>() + token * C;
+      float* row = x.data_ptr<float>() + r * C;
+      for (int64_t c = 0; c < C; ++c) row[c] = e[c] * static_cast<float>(embed_scale_);
+    }
     if (project_in_.defined()) x = project_in_(x);
     if (table.has_value()) {
       TORCH_CHECK(position < table->size(0), "compiled step: position ", position, " past the position table");

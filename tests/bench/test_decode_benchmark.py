@@ -149,6 +149,7 @@ def test_buckets_add_up_to_the_totals_with_ratios_per_bucket(documents):
     assert len(first) >= 2 and set(first) <= {"1-8", "9-16", "17+"}
     for r in rows:
         assert r["sentences"] == 9 and sum(b["sentences"] for b in r["buckets"]) == 9
+        assert [(b["bucket"], b["sentences"]) for b in r["buckets"]] == [(b, first[b]["sentences"]) for b in first]
         assert sum(b["tokens"] for b in r["buckets"]) == r["tokens"]
         assert sum(b["seconds"] for b in r["buckets"]) == pytest.approx(r["seconds"])
         for b in r["buckets"]:
