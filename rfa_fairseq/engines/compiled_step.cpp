@@ -149,6 +149,8 @@ struct Linear {
   Tensor w, b;  // float32 [N, C], [N]; w undefined where int8
   Tensor packed, scale, zero;  // int8: oneDNN's weight, its scale per output [N] (float32), zero points [N] (0)
   Tensor few, sums;  // int8 with AVX-512 VNNI: the weight in the few rows' layout, its rows' sums [N] (int32)
+  mutable std::vector<uint8_t> few_in;  // the few rows' loop's input and sums, kept from call to call
+  mutable std::vector<int32_t> few_sums;
   Linear() = default;
   Linear(const Tensor& weight_, const Tensor& bias, bool int8) : w(weight_), b(bias) {
     if (!int8) return;
@@ -185,11 +187,14 @@ struct Linear {
     const int64_t R = x.size(0), C = x.size(1), N = scale.size(0);
     const bool few_rows = HAS_FEW_ROWS_LOOP && R <= FEW_ROWS;
     const int64_t width = few_rows ? few.size(1) * GROUP : C;  // the few rows' loop reads rows padded with zeros
-    Tensor q = few_rows ? at::zeros({FEW_ROWS, width}, x.options().dtype(torch::kByte))
-                        : at::empty({R, C}, x.options().dtype(torch::kByte));
+    Tensor q = few_rows ? Tensor() : at::empty({R, C}, x.options().dtype(torch::kByte));
+    if (few_rows) {  // the rows from R on zeros (the padding past C stays zero: it is never written)
+      few_in.resize(FEW_ROWS * width);
+      std::fill(few_in.begin() + R * width, few_in.end(), 0);
+    }
     std::vector<float> row_scale(R);
     const float* in = x.data_ptr<float>();
-    uint8_t* out = q.data_ptr<uint8_t>();
+    uint8_t* out = few_rows ? few_in.data() : q.data_ptr<uint8_t>();
     for (int64_t r = 0; r < R; ++r) {
       row_scale[r] = std::max(largest(in + r * C, C), 1e-30f) / top;
       const float inverse = 1.f / row_scale[r];
@@ -197,13 +202,14 @@ struct Linear {
     }
     const float* __restrict__ bias = b.data_ptr<float>();  // int8: zeros where the module has no bias
     if (few_rows) {
-      Tensor total = at::empty({FEW_ROWS, few.size(0) * BLOCK}, x.options().dtype(torch::kInt));
-      few_rows_int8(out, few.size(1), few.data_ptr<int8_t>(), few.size(0), total.data_ptr<int32_t>());
+      const int64_t outputs = few.size(0) * BLOCK;
+      few_sums.resize(FEW_ROWS * outputs);
+      few_rows_int8(out, few.size(1), few.data_ptr<int8_t>(), few.size(0), few_sums.data());
       Tensor y = at::empty({R, N}, x.options());
       const int32_t* __restrict__ S = sums.data_ptr<int32_t>();
       const float* __restrict__ ws = scale.data_ptr<float>();
       for (int64_t r = 0; r < R; ++r) {  // the zero point's share taken out, then scaled per output and row
-        const int32_t* __restrict__ t = total.data_ptr<int32_t>() + r * total.size(1);
+        const int32_t* __restrict__ t = few_sums.data() + r * outputs;
         float* __restrict__ p = y.data_ptr<float>() + r * N;
         for (int64_t n = 0; n < N; ++n)
           p[n] = static_cast<float>(t[n] - static_cast<int32_t>(ZERO) * S[n]) * ws[n] * row_scale[r] + bias[n];
@@ -649,10 +655,11 @@ class Decoder {
         bool full = false;
         float bound = -INFINITY;  // once full, the k-th score: a candidate must beat it
         for (int64_t b = 0; b < width / V; ++b) {
-          const float* l = L + (i * beam + b) * V;
+          float* __restrict__ l = L + (i * beam + b) * V;
           const float running = step == 0 ? 0.f : rows[i * beam + b].scores.back();
-          for (int64_t v = 0; v < V; ++v) {
-            const float score = ((std::isnan(l[v]) ? -INFINITY : l[v]) + B[v]) + running;
+          for (int64_t v = 0; v < V; ++v) l[v] = ((std::isnan(l[v]) ? -INFINITY : l[v]) + B[v]) + running;
+          for (int64_t v = 0; v < V; ++v) {  // the scores in place (a loop the compiler vectorizes), then the scan
+            const float score = l[v];
             if (full && !(score > bound)) continue;
             auto at = std::upper_bound(top.begin(), top.end(), score,
                                        [](float s, const std::pair<float, int64_t>& t) { return s > t.first; });
