@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from ..extensions import build
 from ..models import rfa_decoder
+from ..models.sentence_index import sentence_embedding
 from ..modules import CausalRFAttention, CrossRFAttention, SoftmaxCrossAttention
 
 # the kinds of cross attention, as compiled_step.cpp numbers them
@@ -128,6 +129,8 @@ class CompiledStep:
         d, weights = self.decoder, {}
         numbers = {"embed_scale": float(d.embed_scale), "padding_idx": float(d.padding_idx)}
         weights["embed_tokens.weight"] = d.embed_tokens.weight.detach().float().contiguous()
+        if d.sentence_separator is not None and d.embed_positions is not None:  # a sentence's number < its tokens'
+            weights["sentence_table"] = sentence_embedding(torch.arange(d.max_positions() + 1), d.embed_dim).contiguous()
         for name in ("output_projection", "project_in_dim", "project_out_dim"):
             if getattr(d, name, None) is not None:
                 _linear(weights, name, getattr(d, name))

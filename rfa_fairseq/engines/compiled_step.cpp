@@ -7,8 +7,6 @@
 //     sentence window's span (--cross-sentence-window);
 //   RFA cross attention (CrossRFAttention): the features of q read from the source's state;
 //   the FFN, the residuals and layer norms (fairseq's TransformerDecoderLayerBase), the output projection.
-// At a few rows a step reads every weight once: products by a weight matrix read each weight once for all rows
-// (float_product), or, for matrices marked int8, a quarter of the bytes (few_rows_int8; above 4 rows oneDNN's).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -17,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <unordered_map>
@@ -44,36 +43,27 @@ double number(const Numbers& n, const std::string& name) {
   return it->second;
 }
 
-// the sum of term(i) over i < n in 16 lanes of partial sums (one AVX-512 vector, two AVX2 ones): a compiler keeps a
-// float sum's order, so a single running sum would not vectorize
-template <typename Term>
-inline float lanes_sum(int64_t n, Term&& term) {
+// term(0) o ... o term(n - 1) for o = combine (+, max: zero its identity here) in 16 lanes of partial results (one
+// AVX-512 vector, two AVX2 ones): a compiler keeps a float sum's order, so a single running sum would not vectorize
+template <typename Term, typename Combine = std::plus<float>>
+inline float lanes(int64_t n, Term&& term, Combine&& combine = Combine()) {
   constexpr int64_t L = 16;
-  float lanes[L] = {};
+  float partial[L] = {};
   int64_t i = 0;
   for (; i + L <= n; i += L)
-    for (int64_t l = 0; l < L; ++l) lanes[l] += term(i + l);
-  float sum = 0.f;
-  for (; i < n; ++i) sum += term(i);
-  for (int64_t l = 0; l < L; ++l) sum += lanes[l];
-  return sum;
+    for (int64_t l = 0; l < L; ++l) partial[l] = combine(partial[l], term(i + l));
+  float total = 0.f;
+  for (; i < n; ++i) total = combine(total, term(i));
+  for (int64_t l = 0; l < L; ++l) total = combine(total, partial[l]);
+  return total;
 }
 
 inline float dot(const float* __restrict__ a, const float* __restrict__ b, int64_t n) {
-  return lanes_sum(n, [&](int64_t i) { return a[i] * b[i]; });
+  return lanes(n, [&](int64_t i) { return a[i] * b[i]; });
 }
 
-// max |a| over n numbers, in 16 lanes as dot
-inline float largest(const float* __restrict__ a, int64_t n) {
-  constexpr int64_t L = 16;
-  float lanes[L] = {};
-  int64_t i = 0;
-  for (; i + L <= n; i += L)
-    for (int64_t l = 0; l < L; ++l) lanes[l] = std::max(lanes[l], std::fabs(a[i + l]));
-  float m = 0.f;
-  for (; i < n; ++i) m = std::max(m, std::fabs(a[i]));
-  for (int64_t l = 0; l < L; ++l) m = std::max(m, lanes[l]);
-  return m;
+inline float largest(const float* __restrict__ a, int64_t n) {  // max |a|
+  return lanes(n, [&](int64_t i) { return std::fabs(a[i]); }, [](float x, float y) { return std::max(x, y); });
 }
 
 // y [R, N] = x [R, C] w^T + b in float32, reading each weight once for all rows: at a few rows ATen's product (MKL)
@@ -81,7 +71,7 @@ inline float largest(const float* __restrict__ a, int64_t n) {
 void float_product(const float* x, int64_t R, int64_t C, const float* w, const float* b, int64_t N, float* y) {
   at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n)
-      for (int64_t r = 0; r < R; ++r) y[r * N + n] = dot(x + r * C, w + n * C, C) + (b ? b[n] : 0.f);
+      for (int64_t r = 0; r < R; ++r) y[r * N + n] = dot(x + r * C, w + n * C, C) + b[n];
   });
 }
 
@@ -152,14 +142,14 @@ struct Linear {
   mutable std::vector<uint8_t> few_in;  // the few rows' loop's input and sums, kept from call to call
   mutable std::vector<int32_t> few_sums;
   Linear() = default;
-  Linear(const Tensor& weight_, const Tensor& bias, bool int8) : w(weight_), b(bias) {
+  Linear(const Tensor& weight_, const Tensor& bias, bool int8)  // no bias: zeros
+      : w(weight_), b(bias.defined() ? bias : at::zeros({weight_.size(0)}, weight_.options())) {
     if (!int8) return;
     static auto prepack = c10::Dispatcher::singleton().findSchemaOrThrow("onednn::qlinear_prepack", "");
     scale = w.abs().amax(1).div(127.0).clamp_min(1e-12);
     zero = at::zeros({w.size(0)}, w.options().dtype(torch::kLong));
     Tensor w8 = w.div(scale.unsqueeze(1)).round().to(torch::kChar);
     if (HAS_FEW_ROWS_LOOP) few = few_rows_layout(w8), sums = w8.sum({1}, false, torch::kInt);
-    if (!b.defined()) b = at::zeros({w.size(0)}, w.options());
     torch::jit::Stack stack{w8, c10::IValue()};
     prepack.callBoxed(&stack);
     packed = stack.at(0).toTensor();
@@ -169,10 +159,10 @@ struct Linear {
   Tensor operator()(const Tensor& x) const {  // [R, C] -> [R, N]
     TORCH_CHECK(x.is_contiguous(), "compiled step: a product of a strided input");
     if (packed.defined()) return int8_product(x);
-    if (x.size(0) > FEW_ROWS) return b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
+    if (x.size(0) > FEW_ROWS) return at::addmm(b, x, w.t());
     Tensor y = at::empty({x.size(0), w.size(0)}, x.options());
-    float_product(x.data_ptr<float>(), x.size(0), x.size(1), w.data_ptr<float>(),
-                  b.defined() ? b.data_ptr<float>() : nullptr, w.size(0), y.data_ptr<float>());
+    float_product(x.data_ptr<float>(), x.size(0), x.size(1), w.data_ptr<float>(), b.data_ptr<float>(), w.size(0),
+                  y.data_ptr<float>());
     return y;
   }
 
@@ -200,7 +190,7 @@ struct Linear {
       const float inverse = 1.f / row_scale[r];
       for (int64_t c = 0; c < C; ++c) out[r * width + c] = uint8_t(std::nearbyint(in[r * C + c] * inverse) + ZERO);
     }
-    const float* __restrict__ bias = b.data_ptr<float>();  // int8: zeros where the module has no bias
+    const float* __restrict__ bias = b.data_ptr<float>();
     if (few_rows) {
       const int64_t outputs = few.size(0) * BLOCK;
       few_sums.resize(FEW_ROWS * outputs);
@@ -244,8 +234,8 @@ struct Norm {
       float* row = p + r * C;
       if (add)
         for (int64_t c = 0; c < C; ++c) row[c] += add[r * C + c];
-      const float m = lanes_sum(C, [&](int64_t c) { return row[c]; }) / C;
-      const float var = lanes_sum(C, [&](int64_t c) { return (row[c] - m) * (row[c] - m); }) / C;
+      const float m = lanes(C, [&](int64_t c) { return row[c]; }) / C;
+      const float var = lanes(C, [&](int64_t c) { return (row[c] - m) * (row[c] - m); }) / C;
       const float inv = 1.f / std::sqrt(var + eps);
       for (int64_t c = 0; c < C; ++c) row[c] = (row[c] - m) * inv * g[c] + h[c];
     }
@@ -278,7 +268,7 @@ Tensor gaussian_features(const Tensor& x, const Tensor& projection) {
         for (int64_t l = 0; l < L; ++l) sums[l] += u[k] * scale * w[k * D + d0 + l];
       std::copy(sums, sums + L, a + d0);
     }
-    for (int64_t d = d0; d < D; ++d) a[d] = lanes_sum(K, [&](int64_t k) { return u[k] * scale * w[k * D + d]; });
+    for (int64_t d = d0; d < D; ++d) a[d] = lanes(K, [&](int64_t k) { return u[k] * scale * w[k * D + d]; });
     for (int64_t d = 0; d < D; ++d) a[D + d] = a[d] + half_pi;
   }
   return angles.sin_().mul_(1.f / std::sqrt(static_cast<float>(D)));
@@ -519,6 +509,7 @@ class Decoder {
     output_ = linear(w, "output_projection", int8_min_weights);
     if (w.count("project_in_dim.weight")) project_in_ = linear(w, "project_in_dim", int8_min_weights);
     if (w.count("project_out_dim.weight")) project_out_ = linear(w, "project_out_dim", int8_min_weights);
+    if (w.count("sentence_table")) sentence_table_ = weight(w, "sentence_table");
     if (w.count("layernorm_embedding.weight")) embed_norm_ = norm(w, n, "layernorm_embedding"), has_embed_norm_ = true;
     if (w.count("layer_norm.weight")) final_norm_ = norm(w, n, "layer_norm"), has_final_norm_ = true;
     for (size_t i = 0; i < layer_weights.size(); ++i) {
@@ -713,20 +704,6 @@ class Decoder {
     return found;
   }
 
-  // models/sentence_index.py's sentence_embedding of the rows' numbers, added to x [R, C]
-  static void add_sentence_embedding(Tensor& x, const Tensor& sentence) {
-    const int64_t R = x.size(0), C = x.size(1), half = C / 2;
-    const float step = static_cast<float>(-std::log(10000.0) / std::max<int64_t>(half - 1, 1));
-    float* p = x.data_ptr<float>();
-    const int64_t* number = sentence.data_ptr<int64_t>();
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = static_cast<float>(number[r]) * std::exp(static_cast<float>(i) * step);
-        p[r * C + i] += std::sin(angle);
-        p[r * C + half + i] += std::cos(angle) - 1.f;
-      }
-  }
-
   // the output projection as a step runs it (tests, benchmarks)
   Tensor output(const Tensor& x) const { return output_(x.contiguous()); }
 
@@ -781,7 +758,7 @@ class Decoder {
     if (table.has_value()) {
       TORCH_CHECK(position < table->size(0), "compiled step: position ", position, " past the position table");
       x.add_(table->select(0, position));
-      if (sentence.defined()) add_sentence_embedding(x, sentence);
+      if (sentence.defined() && sentence_table_.defined()) x.add_(sentence_table_.index_select(0, sentence));
     }
     if (has_embed_norm_) embed_norm_(x);
     Tensor pad = tokens.eq(padding_idx_);
@@ -800,7 +777,7 @@ class Decoder {
     return output_(x);
   }
 
-  Tensor embed_;
+  Tensor embed_, sentence_table_;  // sentence_table_ (--sentence-index): sentence_index.sentence_embedding by number
   double embed_scale_;
   int64_t padding_idx_;
   Linear output_, project_in_, project_out_;  // the projections: where the embeddings' size differs
