@@ -14,10 +14,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile, record_function
 
 from rfa_fairseq.inference import to_decoding_form_
 from rfa_fairseq.modules import CrossRFAttention
@@ -49,51 +47,8 @@ MODELS = {
 }
 DEFAULTS = {"translation": dict(lengths=[32, 128, 512, 2048, 4096], batch=2, beam=4),
             "lm": dict(lengths=[128, 512, 2048, 8192], batch=1, beam=1)}
-PROMPT, RANGE = 16, "rfa_bench."  # the LM prompt's tokens; the profiler ranges' prefix
+PROMPT = 16  # the LM prompt's tokens
 CT2_TYPES = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float32", "float16", "bfloat16")
-
-
-def mark(model):  # profiler ranges around the parts of a decoding step; returns a one-item list counting the steps
-    steps = [0]
-
-    def wrap(owner, attr, name, count=False):
-        original = getattr(owner, attr)
-
-        def ranged(*a, **kw):
-            steps[0] += count
-            with record_function(RANGE + name):
-                return original(*a, **kw)
-        setattr(owner, attr, ranged)
-
-    for layer in model.decoder.layers:
-        for attr, name in (("self_attn", "self_attn"), ("encoder_attn", "encoder_attn"), ("fc1", "ffn"), ("fc2", "ffn")):
-            if getattr(layer, attr, None) is not None:
-                wrap(getattr(layer, attr), "forward", name)
-    for owner, attr, name in ((model.decoder, "output_layer", "output"), (model, "get_normalized_probs", "output"),
-                              (model.decoder, "reorder_incremental_state_scripting", "reorder"),
-                              (getattr(model, "encoder", None), "forward_torchscript", "encoder")):
-        if owner is not None:
-            wrap(owner, attr, name)
-    wrap(model.decoder, "forward", "decoder_other", count=True)
-    return steps
-
-
-def profiled(fn, steps, top=8):  # run ``fn`` under the profiler; every operator is counted in the innermost range around it
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        steps[0] = 0
-        fn()
-    n, cells = max(steps[0], 1), defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
-    for e in prof.events():
-        p = e.cpu_parent
-        while p is not None and not p.name.startswith(RANGE):
-            p = p.cpu_parent
-        if not e.name.startswith(RANGE):
-            cell = cells["rest" if p is None else p.name[len(RANGE):]][e.name]
-            cell[0], cell[1] = cell[0] + e.self_cpu_time_total / 1000 / n, cell[1] + 1 / n
-    ms = {w: sum(c[0] for c in ops.values()) for w, ops in cells.items()}
-    return {"steps": steps[0], "ms_per_step": sum(ms.values()), "ms_per_step_by_range": ms,
-            "calls_per_step_by_range": {w: sum(c[1] for c in ops.values()) for w, ops in cells.items()},
-            "top_ops": {w: sorted([[op, *c] for op, c in ops.items()], key=lambda x: -x[1])[:top] for w, ops in cells.items()}}
 
 
 class Contender:  # one synthetic model (random weights, seed 0), its fixed input, and the incremental state of its last run
@@ -118,7 +73,6 @@ class Contender:  # one synthetic model (random weights, seed 0), its fixed inpu
             self.state = kw.get("incremental_state")
             return forward(*a, **kw)
         self.model.decoder.forward = spy
-        self.steps = mark(self.model) if args.profile else None
         d = self.task.source_dictionary
         src = torch.randint(d.nspecial, len(d), (args.batch, args.src_len if mt else PROMPT),
                             generator=torch.Generator().manual_seed(0))
@@ -202,8 +156,6 @@ def synthetic(args):  # lengths in turn; at each, the models take turns run by r
                     continue
                 row["seconds"] = harness.STATISTICS[args.statistic](row["times"])
                 row["tokens_per_s"], c.last = args.batch * length / row["seconds"], (length, row["seconds"])
-                if args.profile:
-                    row["profile"] = profiled(fn, c.steps)
                 print(f"{c.name:18s} {length:6d}: {row['tokens_per_s']:9.1f} tokens/s ({len(row['times'])} runs), "
                       f"peak {mib(row['peak_bytes'])} MiB, state {mib(row['state_bytes'])} MiB (the source's "
                       f"{mib(row['source_state_bytes'])})", flush=True)
@@ -232,7 +184,7 @@ def convert_for_ctranslate2(checkpoint, data, out_dir, source_lang=None, target_
         os.remove(tmp)
 
 
-def decode_checkpoint(model, argv, args, do_profile):
+def decode_checkpoint(model, argv, args):
     """One model's run (in a fresh process): translation as fairseq-generate does; LMs, ``--lengths`` tokens a prompt."""
     from fairseq import checkpoint_utils, options, sequence_generator, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
@@ -317,9 +269,6 @@ def decode_checkpoint(model, argv, args, do_profile):
             row["bleu"] = __import__("sacrebleu").corpus_bleu(hyps, [refs]).score
         rows.append(dict(row, memory="cuda max_memory_allocated" if cuda else "peak resident set of the decoding process",
                          engine_setup_s=round(setup, 3)))
-    if do_profile and not ct2:
-        steps = mark(net)
-        rows[0]["profile"] = profiled(lambda: [generate(b, min(args.lengths)) if lm else translate(b) for b in batches], steps)
     return rows
 
 
@@ -342,8 +291,7 @@ def checkpoint(args):
         for rep in range(args.repeats):
             for name, path, ct2, forms in args.model if rep % 2 == 0 else args.model[::-1]:
                 with spawn.Pool(1) as pool:
-                    got = pool.apply(decode_checkpoint, ((converted.get(path, path) if ct2 else path, ct2, forms), argv, args,
-                                                           args.profile and rep == 0))
+                    got = pool.apply(decode_checkpoint, ((converted.get(path, path) if ct2 else path, ct2, forms), argv, args))
                 runs[name].append(got)
                 for r in got:
                     print(f"{name} {r.get('length', '')}: {r['sentences']} sentences, {r['tokens']} tokens in {r['seconds']:.1f} s, "
@@ -356,7 +304,6 @@ def checkpoint(args):
             row = dict(next(r for r in same if r["seconds"] == pick(times)), model=name, checkpoint=path, runs=len(times),
                        times=times, **most, engine=f"ctranslate2 {ct2}" if ct2 else " ".join(("fairseq",) + forms))
             row.update(tokens_per_s=row["tokens"] / row["seconds"], sentences_per_s=row["sentences"] / row["seconds"])
-            row.update(next(({"profile": r["profile"]} for r in same if "profile" in r), {}))
             first = runs[args.model[0][0]][0][j]  # outputs identical to the first model's (its first run), sentence by sentence
             row["same_as_first"] = sum(a == b for a, b in zip(first["_out"], same[0]["_out"])) / max(len(first["_out"]), 1)
             for b in row.get("buckets", ()):
@@ -417,7 +364,6 @@ def parse_args(argv=None):
     c.add_argument("--max-batches", type=harness.positive, help="decode only the first N batches")
     for sub in (s, c):
         harness.common_flags(sub, repeats=3 if sub is s else 1)
-        sub.add_argument("--profile", action="store_true", help="one more run under torch.profiler, by range")
     args = p.parse_args(own)
     harness.setup(modes.choices[args.mode], args)
     if args.mode == "checkpoint":

@@ -6,7 +6,6 @@
 import argparse
 import json
 
-RANGES = ["self_attn", "encoder_attn", "reorder", "ffn", "output", "encoder", "decoder_other", "rest"]
 TITLES = {"decode-synthetic": "Decoding, random weights, forced length", "decode-checkpoint": "Decoding trained checkpoints",
           "train-lm": "Training the LM decoder stack (forward + backward)", "train-translation": "Training on real batches",
           "train-encoder": "Encoder self-attention module (forward + backward)"}
@@ -59,19 +58,10 @@ def checkpoint_table(data):
             buckets, columns, lambda r: (r["bucket_from"], r["bucket"]), ("output tokens",), lambda k: k[1]) if buckets else "")
 
 
-def profile_table(rows):
-    rows = [r for r in rows if "profile" in r]
-    ranges = [w for w in RANGES if any(w in r["profile"]["ms_per_step_by_range"] for r in rows)]
-    head = "Milliseconds per decoding step by range (torch.profiler: operators' CPU time, each in the innermost range around it)"
-    return head + "\n\n" + table(["model", "length", "whole step"] + ranges, [
-        [r["model"], r.get("length", "-"), f"{r['profile']['ms_per_step']:.2f}"] + [
-            f"{r['profile']['ms_per_step_by_range'].get(w, 0.0):.2f}" for w in ranges] for r in rows])
-
-
 def render(data):
     kind, rows, meta = data["meta"]["bench"], data["rows"], data["meta"]
     if kind == "decode-checkpoint":
-        body = checkpoint_table(data) if "sentences" in rows[0] else "(profile only)"
+        body = checkpoint_table(data)
     elif kind == "decode-synthetic":
         body = by_length(rows, [("tokens/s", speed), peak, ("state MiB", lambda r: mib(r.get("state_bytes")))])
     elif kind == "train-translation":
@@ -85,8 +75,7 @@ def render(data):
         body = by_length(rows, [("s/step", step), peak] + memory * any("allocated_bytes" in r for r in rows)) + (
             "\n\nIn brackets: speed relative to softmax and to SDPA in the same run (> 1 is faster).")
     about = f"{meta['device']}, torch {meta['torch']}, {meta['torch_threads']} threads, {meta['date'][:10]}: `{meta['command']}`"
-    profile = "\n" + profile_table(rows) + "\n" if any("profile" in r for r in rows) else ""
-    return f"### {TITLES[kind]}\n\n{about}\n\n{body}\n{profile}"
+    return f"### {TITLES[kind]}\n\n{about}\n\n{body}\n"
 
 
 def figure(files, path):

@@ -107,6 +107,22 @@ def test_gate_flags_reach_the_modules(translation_model, lm_model):
         for layer in lm.decoder.layers:
             H = layer.self_attn.num_heads
             assert layer.self_attn.convex and torch.equal(layer.self_attn.in_proj.bias[-H:], torch.full((H,), bias))
+    # --rfa-gate-bias-last: the heads' biases evenly spaced from --rfa-gate-bias (the first head's) to it
+    _, lm = lm_model("--rfa-gate", "--rfa-gate-bias-last", "8", "--decoder-attention-heads", "4")
+    for layer in lm.decoder.layers:
+        assert torch.equal(layer.self_attn.in_proj.bias[-4:], torch.tensor([2.0, 4.0, 6.0, 8.0]))
+    for make in (translation_model, lm_model):
+        with pytest.raises(ValueError, match="need --rfa-gate"):
+            make("--rfa-gate-bias-last", "8")
+
+
+def test_the_delta_rule_reaches_the_modules_its_gate_a_decay(lm_model):
+    """--rfa-delta: a beta per head beside the gate's outputs; with --rfa-gate, only the decay form."""
+    _, lm = lm_model("--rfa-delta", "--rfa-gate", "--rfa-gate-form", "decay", "--decoder-attention-heads", "4")
+    for layer in lm.decoder.layers:
+        assert layer.self_attn.delta and layer.self_attn.in_proj.out_features == 3 * 32 + 4 + 4
+    with pytest.raises(ValueError, match="--rfa-gate-form decay"):
+        lm_model("--rfa-delta", "--rfa-gate")
 
 
 def _attention_modules(model):
