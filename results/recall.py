@@ -1,8 +1,7 @@
 #!/usr/bin/env python
-"""Multi-query associative recall (MQAR, after Zoology): language models read P key-value pairs, then the P keys again
-in a random order, each followed by its value, in a sequence of L tokens (the gaps filled with ``_``); a query is
-recalled where the model's most likely next token after the key is its value. Softmax, RFA and RFA-Gate, trained on
-every token (fairseq's language modelling); test recall of the checkpoint best on valid (docs/quality.md).
+"""Multi-query associative recall (MQAR, after Zoology), docs/quality.md: L tokens, P key-value pairs then the P keys in
+a random order among fillers ``_``, each followed by its value; language models trained on every token; recall: the
+share of queries whose value is the most likely next token after the key (the checkpoint best on valid loss).
 
     python results/recall.py --setting L256_P16 --variants softmax rfa rfa_gate --seeds 1
 """
@@ -10,31 +9,24 @@ import random
 import sys
 
 import torch
-from runner import ROOT, run, tool, train, valid_scores, main
+from runner import main, run, tool, train, valid_scores
 
 NAME, OUT, WORK = "recall", "results/recall_study.jsonl", "work/recall_study"
 KEYS = VALUES = 512  # keys k0..k511, values v0..v511
 SPLITS = {"train": 20000, "valid": 200, "test": 500}  # sequences; each split its own seed
-GRID = [(256, 16), (256, 64), (1024, 16), (1024, 64), (1024, 256), (4096, 64), (4096, 256)]  # (L, P), L >= 4 P
-SETTINGS = {f"L{length}_P{pairs}": dict(length=length, pairs=pairs, updates=1500, warmup=200, lr="2e-3",
-                                        rows=max(4, 8192 // length)) for length, pairs in GRID}
-METRICS = [("test recall %", "test_recall", 1), ("valid recall %", "valid_recall", 1), ("best valid loss", "valid_loss", 3),
-           ("at update", "best_update", 0), ("train s", "train_s", 0)]
+SETTINGS = {f"L{length}_P{pairs}": dict(length=length, pairs=pairs, updates=1500, warmup=200, lr="2e-3", rows=max(4, 8192 // length))
+            for length, pairs in ((256, 16), (256, 64), (1024, 16), (1024, 64), (1024, 256), (4096, 64), (4096, 256))}
+METRICS = [("test recall %", "test_recall", 1), ("best valid loss", "valid_loss", 3)]  # a setting chosen on valid loss
 RFA = ["--arch", "rfa_transformer_lm"]
-VARIANTS = {"softmax": ["--arch", "transformer_lm"], "rfa": RFA, "rfa_gate": RFA + ["--rfa-gate"],
-            # the heads' memories at several scales: gate biases from 2 (about 8 tokens) to 5 (150) or 8 (3,000)
-            **{f"rfa_gate_last{b}": RFA + ["--rfa-gate", "--rfa-gate-bias-last", b] for b in (5, 8)}}
+VARIANTS = {"softmax": ["--arch", "transformer_lm"], "rfa": RFA, "rfa_gate": RFA + ["--rfa-gate"],  # lastB: the heads' gate
+            **{f"rfa_gate_last{b}": RFA + ["--rfa-gate", "--rfa-gate-bias-last", b] for b in (5, 8)}}  # biases 2 to B
 
 
-def sequence(length: int, pairs: int, rng: random.Random):
-    """The tokens of one example and the positions of its queries' keys (the value follows each)."""
+def sequence(length: int, pairs: int, rng: random.Random):  # an example's tokens, the positions of its queries' keys
     keys, values = rng.sample(range(KEYS), pairs), [rng.randrange(VALUES) for _ in range(pairs)]
     tokens = [w for k, v in zip(keys, values) for w in (f"k{k}", f"v{v}")]
-    slots = (length - 2 * pairs) // 2  # the query section in slots of two tokens, P of them taken by a query
-    taken = sorted(rng.sample(range(slots), pairs))
-    order, queries = rng.sample(range(pairs), pairs), []
-    section = ["_"] * (length - 2 * pairs)
-    for slot, i in zip(taken, order):
+    section, queries = ["_"] * (length - 2 * pairs), []  # in slots of two tokens
+    for i, slot in enumerate(rng.sample(range((length - 2 * pairs) // 2), pairs)):  # pair i's query at this slot
         section[2 * slot:2 * slot + 2] = [f"k{keys[i]}", f"v{values[i]}"]
         queries.append(2 * pairs + 2 * slot)
     return tokens + section, queries
@@ -50,35 +42,32 @@ def prepare(a):
     if not (data / "test.bin").exists():
         text = a.work / a.setting / "text"
         text.mkdir(parents=True, exist_ok=True)
-        words = text / "words.txt"  # every word once: the dictionary holds them all, whatever a split draws
-        words.write_text(" ".join([f"k{i}" for i in range(KEYS)] + [f"v{i}" for i in range(VALUES)] + ["_"]) + "\n")
-        run([tool("fairseq-preprocess"), "--only-source", "--trainpref", words, "--destdir", data / "dict", "--workers", "1"],
-            a.work / a.setting / "dict.log")
+        words = [f"k{i}" for i in range(KEYS)] + [f"v{i}" for i in range(VALUES)] + ["_"]  # all, whatever a split draws
+        (text / "dict.txt").write_text("".join(f"{w} 1\n" for w in words))
         for split in SPLITS:
             (text / f"{split}.txt").write_text("".join(" ".join(t) + "\n" for t, _ in examples(s, split)))
-        run([tool("fairseq-preprocess"), "--only-source", "--srcdict", data / "dict" / "dict.txt", "--destdir", data,
+        run([tool("fairseq-preprocess"), "--only-source", "--srcdict", text / "dict.txt", "--destdir", data,
              "--workers", "1", *[x for split in SPLITS for x in (f"--{split}pref", text / f"{split}.txt")]],
             a.work / a.setting / "preprocess.log")
     return data
 
 
-def recall(ckpt, data, s, split: str) -> float:
-    """The share (%) of ``split``'s queries whose value is the model's most likely token after the key."""
+def recall(ckpt, data, s, split: str) -> float:  # %
     from fairseq import checkpoint_utils
+    import rfa_fairseq  # noqa: F401 (its models)
     models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides={"data": str(data)})
     model, d = models[0].eval(), task.source_dictionary
-    hits = total = 0
+    hits = 0
     with torch.no_grad():
         for tokens, queries in examples(s, split):
             ids = torch.tensor([[d.eos()] + [d.index(w) for w in tokens]])  # fairseq's sample starts after an </s>
             best = model(ids)[0].argmax(-1)[0]  # best[i]: the token predicted after ids[i]
             hits += sum(int(best[q + 1] == ids[0, q + 2]) for q in queries)
-            total += len(queries)
-    return 100.0 * hits / total
+    return 100.0 * hits / (s["pairs"] * SPLITS[split])
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
-    every = max(100, s["updates"] // 10)
+    every = s["updates"] // 10  # validate, and keep the best checkpoint on valid loss
     record = train([data, "--user-dir", "rfa_fairseq", "--task", "language_modeling",  # blocks of L + 1: a line and its </s>
                     "--tokens-per-sample", s["length"] + 1, "--max-target-positions", s["length"] + 1, *VARIANTS[variant],
                     "--decoder-layers", 2, "--decoder-embed-dim", 128, "--decoder-ffn-embed-dim", 256,
@@ -89,11 +78,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
                    out, s["updates"], a)
     valid = [(v["loss"], int(v["num_updates"])) for v in valid_scores((out / "train.log").read_text())]
     record["valid_loss"], record["best_update"] = min(valid)
-    sys.path.insert(0, str(ROOT))
-    from fairseq import utils
-    utils.import_user_module(type("Args", (), {"user_dir": str(ROOT / "rfa_fairseq")})())
-    for split in ("valid", "test"):
-        record[f"{split}_recall"] = recall(out / "checkpoint_best.pt", data, s, split)
+    record["test_recall"] = recall(out / "checkpoint_best.pt", data, s, "test")
     return record
 
 

@@ -36,10 +36,6 @@ class RFAConfig(FairseqDataclass):
         "help": "with --rfa-gate: the last head's initial gate bias, the heads' evenly spaced from --rfa-gate-bias "
                 "(the first head's) to it: memories at several scales, about 1 + e^bias tokens each; unset: every "
                 "head at --rfa-gate-bias"})
-    rfa_delta: bool = field(default=False, metadata={
-        "help": "the delta rule (DeltaNet): a write replaces what the causal state recalls for its key, by a learned "
-                "strength beta per head and token, instead of adding to it; with --rfa-gate (Gated DeltaNet) the gate "
-                "decays the state: --rfa-gate-form decay (rfa_fairseq/ops/causal_rfa/delta.py)"})
     rfa_init_sigma: float = field(default=1.0, metadata={
         "help": "initial learned per-head, per-dimension scale sigma (the inverse kernel width: "
                 "attention logits ~ sigma^2 q.k on unit q, k)"})
@@ -99,14 +95,12 @@ def rfa_config_from(args) -> RFAConfig:
         values["rfa_gate_bias_last"] = finite(flag("rfa_gate_bias_last"), values["rfa_gate_bias_last"])
     for name, valid in (("rfa_kernel", KERNELS), ("rfa_random_matrix", RANDOM_MATRICES), ("rfa_gate_form", GATE_FORMS)):
         values[name] = one_of(flag(name), values[name], valid)
-    for name in ("rfa_gate", "rfa_fixed_features", "rfa_recompute", "rfa_delta"):
+    for name in ("rfa_gate", "rfa_fixed_features", "rfa_recompute"):
         values[name] = bool(values[name])
     if not values["rfa_gate"] and (values["rfa_gate_form"] != _DEFAULTS.rfa_gate_form
                                    or values["rfa_gate_bias"] != _DEFAULTS.rfa_gate_bias
                                    or values["rfa_gate_bias_last"] is not None):
         raise ValueError("--rfa-gate-form, --rfa-gate-bias and --rfa-gate-bias-last shape the gate: they need --rfa-gate")
-    if values["rfa_delta"] and values["rfa_gate"] and values["rfa_gate_form"] == "convex":
-        raise ValueError("--rfa-delta's gate decays the state (beta sets the write): add --rfa-gate-form decay")
     non_negative_int(flag("rfa_recompute_segment"), values["rfa_recompute_segment"])
     values["rfa_backend"] = one_of(flag("rfa_backend"), values["rfa_backend"], BACKENDS)
     return RFAConfig(**values)

@@ -33,8 +33,9 @@ def deferrable(state: Optional[Tensor]) -> bool:
 
 class CausalRFAttention(BeamLayout, RFAttentionBase):
     """Causal random feature attention, optionally gated (RFA-Gate: ``g_t = sigmoid(w_g . x_t + b_g)`` per head and
-    step, ``b_g`` starting at ``gate_bias``, in the form ``gate_form``: ``ops.naive_causal_rfa``). ``embed_dim``: ``C``;
-    ``num_heads``: ``H`` (``K = C / H``); ``feature_map``: shared by queries and keys. The other arguments are the
+    step, ``b_g`` starting at ``gate_bias`` (spread over the heads from it to ``gate_bias_last`` where given), in the
+    form ``gate_form``: ``ops.naive_causal_rfa``). ``embed_dim``: ``C``; ``num_heads``: ``H`` (``K = C / H``);
+    ``feature_map``: shared by queries and keys. The other arguments are the
     ``--rfa-*`` flags of ``config.py``: ``recompute`` and ``recompute_segment`` act on multi-token calls under autograd
     (:meth:`_tokens`), ``backend`` picks a multi-token call's kernels (``fla_chosen``; one-token steps are torch's)."""
 
@@ -43,7 +44,7 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, gate: bool = False,
                  eps: float = DEFAULT_EPS, chunk_size: int = DEFAULT_CHUNK_SIZE, recompute: bool = False,
                  gate_form: str = "convex", gate_bias: float = 2.0, recompute_segment: int = DEFAULT_RECOMPUTE_SEGMENT,
-                 backend: str = "torch"):
+                 backend: str = "torch", gate_bias_last: Optional[float] = None):
         super().__init__(embed_dim, num_heads, feature_map, eps=eps, recompute=recompute)
         self.gated, self.convex = gate, one_of("gate_form", gate_form, GATE_FORMS) == "convex"
         self.recompute_segment = non_negative_int("recompute_segment", recompute_segment)
@@ -52,7 +53,9 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         if gate:
             gate_proj = nn.Linear(embed_dim, num_heads)
             init_projection(gate_proj)
-            nn.init.constant_(gate_proj.bias, gate_bias)
+            with torch.no_grad():  # head h: a memory of about 1 + e^bias tokens
+                gate_proj.bias.copy_(torch.linspace(gate_bias, gate_bias if gate_bias_last is None else gate_bias_last,
+                                                    num_heads))
             projections.append(gate_proj)
         del self.q_proj, self.k_proj, self.v_proj
         # one layer, their outputs side by side and their weights copied (skip_init: no random draw, so the draws

@@ -116,15 +116,6 @@ def test_gate_flags_reach_the_modules(translation_model, lm_model):
             make("--rfa-gate-bias-last", "8")
 
 
-def test_the_delta_rule_reaches_the_modules_its_gate_a_decay(lm_model):
-    """--rfa-delta: a beta per head beside the gate's outputs; with --rfa-gate, only the decay form."""
-    _, lm = lm_model("--rfa-delta", "--rfa-gate", "--rfa-gate-form", "decay", "--decoder-attention-heads", "4")
-    for layer in lm.decoder.layers:
-        assert layer.self_attn.delta and layer.self_attn.in_proj.out_features == 3 * 32 + 4 + 4
-    with pytest.raises(ValueError, match="--rfa-gate-form decay"):
-        lm_model("--rfa-delta", "--rfa-gate")
-
-
 def _attention_modules(model):
     return [m for layer in model.decoder.layers for m in (layer.self_attn, layer.encoder_attn) if m is not None]
 

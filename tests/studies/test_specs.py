@@ -17,6 +17,7 @@ import convert  # noqa: E402
 import documents  # noqa: E402
 import lra  # noqa: E402
 import quality  # noqa: E402
+import recall  # noqa: E402
 import runner  # noqa: E402
 import stateful_lm  # noqa: E402
 
@@ -40,6 +41,10 @@ def test_every_lm_and_classifier_variant_parses_with_fairseq_train():
     from fairseq import options
     for task, flags, *_ in stateful_lm.VARIANTS.values():
         options.parse_args_and_arch(options.get_training_parser(), ["data-bin", "--task", task, *flags])
+    for variant, flags in recall.VARIANTS.items():
+        args = options.parse_args_and_arch(options.get_training_parser(), ["data-bin", "--task", "language_modeling",
+                                                                           *map(str, flags)])
+        assert getattr(args, "rfa_gate_bias_last", None) == (float(variant[-1]) if "last" in variant else None)
     for variant, flags in lra.VARIANTS.items():
         args = options.parse_args_and_arch(options.get_training_parser(), [
             "data-bin", "--user-dir", "rfa_fairseq", "--task", "sentence_prediction", "--num-classes", "10",
@@ -241,6 +246,29 @@ def test_a_tiny_stateful_lm_run(tmp_path, monkeypatch):
     assert 1 < softmax["test_ppl_sliding"] < 1e4 and "test_ppl_stateful" not in softmax
     articles = [(tmp_path / "work" / "text" / f"{n}.tokens").read_text().count(" = Article") for n in ("train", "valid", "test")]
     assert articles == [32, 4, 4]  # article i: valid if i % 10 == 3, test if i % 10 == 7
+
+
+def test_recall_examples_ask_for_every_pair_once():
+    """An MQAR example: P distinct keys with their values, then each key once among the fillers, its value after it."""
+    import random
+    tokens, queries = recall.sequence(64, 8, random.Random(0))
+    assert len(tokens) == 64 and len(set(tokens[:16:2])) == 8 and len(queries) == 8
+    written = dict(zip(tokens[:16:2], tokens[1:16:2]))
+    assert sorted(tokens[q] for q in queries) == sorted(written) and all(tokens[q + 1] == written[tokens[q]] for q in queries)
+    assert tokens[16:].count("_") == 64 - 16 - 16 and recall.examples(recall.SETTINGS["L256_P16"], "valid")[0][0][:2] == \
+        recall.examples(recall.SETTINGS["L256_P16"], "valid")[0][0][:2]  # drawn from the split's own seed
+
+
+@pytest.mark.slow  # trains and scores through the command lines
+def test_a_tiny_recall_run_scores_the_queries(tmp_path, monkeypatch):
+    tiny(recall, monkeypatch, length=32, pairs=4, updates=10, warmup=2, rows=8)
+    monkeypatch.setattr(recall, "SPLITS", {"train": 64, "valid": 8, "test": 8})
+    out = tmp_path / "out.jsonl"
+    recall.main(recall, ["--setting", "tiny", "--variants", "softmax", "rfa_gate_last8", "--work", str(tmp_path),
+                         "--out", str(out), "--cpu"])
+    for r in runner.load(out):
+        assert 0 <= r["test_recall"] <= 100 and r["valid_loss"] > 0 and r["best_update"] in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+    assert (tmp_path / "tiny" / "bin" / "dict.txt").read_text().count("\n") == 2 * recall.KEYS + 1
 
 
 @pytest.mark.slow
