@@ -100,7 +100,8 @@ def rfa_config_from(args) -> RFAConfig:
     if not values["rfa_gate"] and (values["rfa_gate_form"] != _DEFAULTS.rfa_gate_form
                                    or values["rfa_gate_bias"] != _DEFAULTS.rfa_gate_bias
                                    or values["rfa_gate_bias_last"] is not None):
-        raise ValueError("--rfa-gate-form, --rfa-gate-bias and --rfa-gate-bias-last shape the gate: they need --rfa-gate")
+        raise ValueError("--rfa-gate-form, --rfa-gate-bias and --rfa-gate-bias-last shape the gate: they need "
+                         "--rfa-gate")
     non_negative_int(flag("rfa_recompute_segment"), values["rfa_recompute_segment"])
     values["rfa_backend"] = one_of(flag("rfa_backend"), values["rfa_backend"], BACKENDS)
     return RFAConfig(**values)
