@@ -21,7 +21,7 @@ import recall  # noqa: E402
 import runner  # noqa: E402
 import stateful_lm  # noqa: E402
 
-SPECS = (quality, convert, stateful_lm, lra)
+SPECS = (quality, convert, stateful_lm, lra, recall)
 
 
 def test_every_translation_variant_parses_with_fairseq_train():
