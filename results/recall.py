@@ -14,7 +14,7 @@ from runner import main, run, tool, train, valid_scores
 NAME, OUT, WORK = "recall", "results/recall_study.jsonl", "work/recall_study"
 KEYS = VALUES = 512  # keys k0..k511, values v0..v511
 SPLITS = {"train": 20000, "valid": 200, "test": 500}  # sequences; each split its own seed
-SETTINGS = {f"L{length}_P{pairs}": dict(length=length, pairs=pairs, updates=3000, warmup=200, lr="2e-3", rows=max(4, 4096 // length))
+SETTINGS = {f"L{length}_P{pairs}": dict(length=length, pairs=pairs, updates=3000, warmup=200, lr="2e-3", rows=max(4, 8192 // length))
             for length, pairs in ((256, 16), (256, 64), (1024, 16), (1024, 64), (1024, 256), (4096, 64), (4096, 256))}
 METRICS = [("test recall %", "test_recall", 1), ("best valid loss", "valid_loss", 3)]  # a setting chosen on valid loss
 RFA = ["--arch", "rfa_transformer_lm"]
@@ -72,7 +72,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
                     "--tokens-per-sample", s["length"] + 1, "--max-target-positions", s["length"] + 1, *VARIANTS[variant],
                     "--decoder-layers", 2, "--decoder-embed-dim", 128, "--decoder-ffn-embed-dim", 256,
                     "--decoder-attention-heads", 2, "--dropout", 0.0, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-                    "--weight-decay", 0.1, "--clip-norm", 1.0, "--lr", s["lr"], "--lr-scheduler", "fixed",
+                    "--weight-decay", 0.1, "--clip-norm", 1.0, "--lr", s["lr"], "--lr-scheduler", "inverse_sqrt",
                     "--warmup-updates", s["warmup"], "--batch-size", s["rows"], "--seed", seed, "--log-interval", 100,
                     "--save-interval-updates", every, "--validate-interval-updates", every, "--keep-interval-updates", 1],
                    out, s["updates"], a)
