@@ -26,15 +26,13 @@ VARIANTS = {  # (training task, flags[, what changes in the setting])
     # shuffled blocks, each after a burn-in over the block before it in the text (no gradient, the update's draw)
     "rfa_gate_burnin": (STATEFUL, GATE + ["--burn-in-blocks", "1"]),
     "rfa_gate_burnin2": (STATEFUL, GATE + ["--burn-in-blocks", "2"]),  # the fix, the task's default: two blocks before
+    # memories at several scales (heads' gate biases 2 to 8) and no positions: a context longer than the block
+    "rfa_gate_burnin2_last8_nopos": (STATEFUL, GATE + ["--burn-in-blocks", "2", "--rfa-gate-bias-last", "8",
+                                                       "--no-token-positional-embeddings"]),
     # a full softmax output layer: models CTranslate2 converts (the softmax one), for bench/decode.py
     "softmax_plain": (LM, SOFTMAX, dict(cutoffs=None)),
     "rfa_gate_burnin_plain": (STATEFUL, GATE + ["--burn-in-blocks", "2"], dict(cutoffs=None)),
 }
-# recorded variants that can no longer run: trained along contiguous streams, which the task no longer offers; a local
-# exact window of 64 keys (--rfa-local-window, removed)
-RETIRED = {"rfa_gate_stateful": "16 contiguous streams", "rfa_gate_stateful_g8": "8 groups of 16 streams (--stream-groups 8)",
-           "rfa_gate_stateful_nocarry": "the streams without the carried state", "rfa_gate_stateful_nopos": "no positions",
-           "rfa_gate_window64": "W = 64", "rfa_gate_burnin2_window64": "W = 64, --burn-in-blocks 2"}
 
 
 def add_args(p):
