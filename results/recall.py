@@ -70,8 +70,7 @@ def run_one(variant, s, seed, data, out, a) -> dict:
     every = s["updates"] // 10  # validate, and keep the best checkpoint on valid loss
     record = train([data, "--user-dir", "rfa_fairseq", "--task", "language_modeling",  # blocks of L + 1: a line and its </s>
                     "--tokens-per-sample", s["length"] + 1, "--max-target-positions", s["length"] + 1, *VARIANTS[variant],
-                    "--decoder-layers", 2, "--decoder-embed-dim", 128, "--decoder-input-dim", 128,
-                    "--decoder-output-dim", 128, "--decoder-ffn-embed-dim", 256,
+                    "--decoder-layers", 2, "--decoder-embed-dim", 128, "--decoder-ffn-embed-dim", 256,
                     "--decoder-attention-heads", 2, "--dropout", 0.0, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
                     "--weight-decay", 0.1, "--clip-norm", 1.0, "--lr", s["lr"], "--lr-scheduler", "inverse_sqrt",
                     "--warmup-updates", s["warmup"], "--batch-size", s["rows"], "--seed", seed, "--log-interval", 100,
