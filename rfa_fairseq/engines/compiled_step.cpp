@@ -79,14 +79,33 @@ void float_product(const float* x, int64_t R, int64_t C, const float* w, const f
 // an int8 product Linear's own loop, from it oneDNN's (whose call, at a few rows, costs more than its product).
 constexpr int64_t FEW_ROWS = 4;
 
-// An int8 weight [N, C] as the few rows' loop reads it: blocks of 16 outputs, in each the outputs' groups of 4
-// consecutive inputs side by side ([N / 16, C / 4, 16, 4], N and C padded with zeros), so that one VNNI instruction
-// adds a group's 4 products to 16 outputs' sums. Where the CPU has no AVX-512 VNNI, oneDNN takes every int8 product.
-constexpr int64_t BLOCK = 16, GROUP = 4;
+// An int8 weight [N, C] as the few rows' loop reads it: blocks of BLOCK outputs (one vector of int32 sums), in each
+// the outputs' groups of 4 consecutive inputs side by side ([N / BLOCK, C / 4, BLOCK, 4], N and C padded with zeros),
+// so that one step adds a group's 4 products to BLOCK outputs' sums: AVX-512 VNNI's one instruction for 16 outputs;
+// AVX2 (8 outputs) sums u8 x s8 pairs in 16 bits, exact as the inputs have 7 bits there (reduce_range), then pairs of
+// those in 32 (a CPU with neither builds no compiled step: the eager one runs).
+constexpr int64_t GROUP = 4;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-constexpr bool HAS_FEW_ROWS_LOOP = true;
+constexpr int64_t BLOCK = 16;
+using Sums = __m512i;
+inline Sums load_block(const int8_t* w) { return _mm512_loadu_si512(w); }
+inline Sums add_four(Sums s, int32_t four, Sums w) { return _mm512_dpbusd_epi32(s, _mm512_set1_epi32(four), w); }
+inline void store_sums(int32_t* to, Sums s) { _mm512_storeu_si512(to, s); }
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+constexpr int64_t BLOCK = 8;
+using Sums = __m256i;
+inline Sums load_block(const int8_t* w) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)); }
+inline Sums add_four(Sums s, int32_t four, Sums w) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(s, _mm256_set1_epi32(four), w);
 #else
-constexpr bool HAS_FEW_ROWS_LOOP = false;
+  const Sums pairs = _mm256_maddubs_epi16(_mm256_set1_epi32(four), w);
+  return _mm256_add_epi32(s, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#endif
+}
+inline void store_sums(int32_t* to, Sums s) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), s); }
+#else
+#error "the compiled step needs AVX2 (with F16C and FMA) or AVX-512 VNNI"
 #endif
 
 Tensor few_rows_layout(const Tensor& w8) {
@@ -96,49 +115,45 @@ Tensor few_rows_layout(const Tensor& w8) {
   return padded.view({blocks, BLOCK, groups, GROUP}).permute({0, 2, 1, 3}).contiguous();
 }
 
-// sums [FEW_ROWS, blocks x 16] (int32) of x [FEW_ROWS, groups x 4] (u8, its rows padded with zeros; the rows past
+// sums [FEW_ROWS, blocks x BLOCK] (int32) of x [FEW_ROWS, groups x 4] (u8, its rows padded with zeros; the rows past
 // the input's zeros) by a weight in the few rows' layout, each weight read once for all rows (always FEW_ROWS of
 // them: a count known to the compiler keeps the sums in registers)
 void few_rows_int8(const uint8_t* x, int64_t groups, const int8_t* w, int64_t blocks, int32_t* sums) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   const int64_t width = groups * GROUP, outputs = blocks * BLOCK;
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const int8_t* block = w + n * groups * BLOCK * GROUP;
-      __m512i lanes[FEW_ROWS];
-      for (int64_t r = 0; r < FEW_ROWS; ++r) lanes[r] = _mm512_setzero_si512();
+      Sums lanes[FEW_ROWS] = {};  // zeros
       for (int64_t g = 0; g < groups; ++g) {
-        const __m512i weights = _mm512_loadu_si512(block + g * BLOCK * GROUP);
+        const Sums weights = load_block(block + g * BLOCK * GROUP);
         for (int64_t r = 0; r < FEW_ROWS; ++r) {
           int32_t four;  // the row's group of 4 inputs, in every lane
           std::memcpy(&four, x + r * width + g * GROUP, GROUP);
-          lanes[r] = _mm512_dpbusd_epi32(lanes[r], _mm512_set1_epi32(four), weights);
+          lanes[r] = add_four(lanes[r], four, weights);
         }
       }
-      for (int64_t r = 0; r < FEW_ROWS; ++r) _mm512_storeu_si512(sums + r * outputs + n * BLOCK, lanes[r]);
+      for (int64_t r = 0; r < FEW_ROWS; ++r) store_sums(sums + r * outputs + n * BLOCK, lanes[r]);
     }
   });
-#else
-  TORCH_CHECK(false, "compiled step: the few rows' int8 loop needs AVX-512 VNNI");
-#endif
 }
 
-// Whether int8 products quantize their inputs to 7 bits: without VNNI, AVX2 and AVX-512 sum pairs of 8-bit products
-// in saturating 16 bits (torch's dynamic quantized Linear does the same).
-bool reduce_range() {
-  static const bool reduce = !(__builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni"));
-  return reduce;
-}
+// Whether int8 products quantize their inputs to 7 bits: without VNNI (in this build, for -march=native), AVX2 and
+// AVX-512 sum pairs of 8-bit products in saturating 16 bits (torch's dynamic quantized Linear does the same).
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+bool reduce_range() { return false; }
+#else
+bool reduce_range() { return true; }
+#endif
 
 // A product by a weight matrix [N, C] and its bias [N] (or none): float32, or int8 weights by oneDNN (torch's
 // onednn::qlinear_prepack, packed once, and onednn::qlinear_pointwise: AMX, VNNI or AVX2 as the CPU has). The weight
 // is quantized per output, the input per call and row (u8 about a zero point of 128, the row's largest magnitude at
 // 127; 64 and 63 in 7 bits), the int32 sums scaled back per output and row, so that a row's outputs do not depend on
-// the other rows (another sentence of the batch, another beam). At up to FEW_ROWS rows few_rows_int8, where built.
+// the other rows (another sentence of the batch, another beam). At up to FEW_ROWS rows few_rows_int8.
 struct Linear {
   Tensor w, b;  // float32 [N, C], [N]; w undefined where int8
   Tensor packed, scale, zero;  // int8: oneDNN's weight, its scale per output [N] (float32), zero points [N] (0)
-  Tensor few, sums;  // int8 with AVX-512 VNNI: the weight in the few rows' layout, its rows' sums [N] (int32)
+  Tensor few, sums;  // int8: the weight in the few rows' layout, its rows' sums [N] (int32)
   mutable std::vector<uint8_t> few_in;  // the few rows' loop's input and sums, kept from call to call
   mutable std::vector<int32_t> few_sums;
   Linear() = default;
@@ -149,7 +164,7 @@ struct Linear {
     scale = w.abs().amax(1).div(127.0).clamp_min(1e-12);
     zero = at::zeros({w.size(0)}, w.options().dtype(torch::kLong));
     Tensor w8 = w.div(scale.unsqueeze(1)).round().to(torch::kChar);
-    if (HAS_FEW_ROWS_LOOP) few = few_rows_layout(w8), sums = w8.sum({1}, false, torch::kInt);
+    few = few_rows_layout(w8), sums = w8.sum({1}, false, torch::kInt);
     torch::jit::Stack stack{w8, c10::IValue()};
     prepack.callBoxed(&stack);
     packed = stack.at(0).toTensor();
@@ -175,7 +190,7 @@ struct Linear {
     const int64_t ZERO = reduce_range() ? 64 : 128;  // 7 bits: u8 at most 127
     const float top = ZERO - 1;
     const int64_t R = x.size(0), C = x.size(1), N = scale.size(0);
-    const bool few_rows = HAS_FEW_ROWS_LOOP && R <= FEW_ROWS;
+    const bool few_rows = R <= FEW_ROWS;
     const int64_t width = few_rows ? few.size(1) * GROUP : C;  // the few rows' loop reads rows padded with zeros
     Tensor q = few_rows ? Tensor() : at::empty({R, C}, x.options().dtype(torch::kByte));
     if (few_rows) {  // the rows from R on zeros (the padding past C stays zero: it is never written)
@@ -288,33 +303,17 @@ inline void advance(const float* __restrict__ s, float* __restrict__ d, const fl
 
 inline void advance(const at::Half* __restrict__ s, at::Half* __restrict__ d, const float* v1, float decay, float kf,
                     float qf, float* o, int64_t V) {
-  int64_t c = 0;
-#if defined(__AVX512F__)
-  const __m512 decays16 = _mm512_set1_ps(decay), kfs16 = _mm512_set1_ps(kf), qfs16 = _mm512_set1_ps(qf);
-  for (; c + 16 <= V; c += 16) {
-    const __m512 old = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + c)));
-    const __m512 value = _mm512_fmadd_ps(decays16, old, _mm512_mul_ps(kfs16, _mm512_loadu_ps(v1 + c)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + c), _mm512_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT));
-    _mm512_storeu_ps(o + c, _mm512_fmadd_ps(qfs16, value, _mm512_loadu_ps(o + c)));
-  }
-#endif
-#if defined(__F16C__) && defined(__FMA__)
   const __m256 decays = _mm256_set1_ps(decay), kfs = _mm256_set1_ps(kf), qfs = _mm256_set1_ps(qf);
+  int64_t c = 0;
   for (; c + 8 <= V; c += 8) {
     const __m256 old = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + c)));
     const __m256 value = _mm256_fmadd_ps(decays, old, _mm256_mul_ps(kfs, _mm256_loadu_ps(v1 + c)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(d + c), _mm256_cvtps_ph(value, _MM_FROUND_TO_NEAREST_INT));
     _mm256_storeu_ps(o + c, _mm256_fmadd_ps(qfs, value, _mm256_loadu_ps(o + c)));
   }
-#endif
   for (; c < V; ++c) {
-#if defined(__F16C__)
-    const float value = decay * _cvtsh_ss(s[c].x) + kf * v1[c];
-    d[c].x = _cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT);
-#else
     const float value = decay * static_cast<float>(s[c]) + kf * v1[c];
     d[c] = at::Half(value);
-#endif
     o[c] += qf * value;
   }
 }
