@@ -4,9 +4,9 @@ At a few rows a decoding step is bound by its operators' dispatch and by the byt
 attention's arithmetic. :class:`CompiledStep` runs :meth:`RFATransformerDecoder.forward_step` as one C++ call
 (``compiled_step.cpp``: per layer the causal RFA block, the cross-attention block, the FFN, then the output projection),
 reading the modules' weights, copied once when the engine is made (``int8``: the products by weight matrices of at
-least ``int8_min_weights`` numbers in int8, one scale per output, packed once: at up to 4 rows by a loop of
-compiled_step.cpp's own (AVX-512 VNNI or AVX2), above by oneDNN; the causal states in float16, half the bytes a step
-reads and writes).
+least ``int8_min_weights`` numbers in int8, one scale per output, packed once: by a loop of compiled_step.cpp's own
+(AVX-512 VNNI or AVX2) up to the products where oneDNN's kernels pay (``OWN_MACS``), by oneDNN above; the causal states
+in float16, half the bytes a step reads and writes).
 The modules stay the model and each block's reference (tests/engines/test_compiled_step.py).
 
 With ``--task rfa_translation`` the whole beam search is one C++ call (:meth:`CompiledStep.generate`, fairseq's

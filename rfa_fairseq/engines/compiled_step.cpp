@@ -75,71 +75,70 @@ void float_product(const float* x, int64_t R, int64_t C, const float* w, const f
   });
 }
 
-// Up to this many rows a float32 product is float_product's, from it ATen's (MKL's packing then pays for itself);
-// an int8 product Linear's own loop, from it oneDNN's (whose call, at a few rows, costs more than its product).
+// Up to this many rows a float32 product is float_product's, from it ATen's (MKL's packing then pays for itself).
+// The int8 loop's rows held in registers at a time.
 constexpr int64_t FEW_ROWS = 4;
 
-// An int8 weight [N, C] as the few rows' loop reads it: blocks of BLOCK outputs (one vector of int32 sums), in each
-// the outputs' groups of 4 consecutive inputs side by side ([N / BLOCK, C / 4, BLOCK, 4], N and C padded with zeros),
+// An int8 weight [N, C] as the int8 loop reads it: blocks of BLOCK outputs (one vector of int32 sums), in each the
+// outputs' groups of 4 consecutive inputs side by side ([N / BLOCK, C / 4, BLOCK, 4], N and C padded with zeros),
 // so that one step adds a group's 4 products to BLOCK outputs' sums: AVX-512 VNNI's one instruction for 16 outputs;
 // AVX2 (8 outputs) sums u8 x s8 pairs in 16 bits, exact as the inputs have 7 bits there (reduce_range), then pairs of
-// those in 32 (a CPU with neither builds no compiled step: the eager one runs).
+// those in 32 (a CPU with neither builds no compiled step: the eager one runs). R rows take the loop up to OWN_MACS
+// products (R N C; FEW_ROWS rows always), oneDNN above (measured, one thread; its call alone costs some 20 us).
 constexpr int64_t GROUP = 4;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-constexpr int64_t BLOCK = 16;
+constexpr int64_t BLOCK = 16, OWN_MACS = int64_t(1) << 22;  // AMX's and VNNI's kernels gain past some 4M
 using Sums = __m512i;
 inline Sums load_block(const int8_t* w) { return _mm512_loadu_si512(w); }
 inline Sums add_four(Sums s, int32_t four, Sums w) { return _mm512_dpbusd_epi32(s, _mm512_set1_epi32(four), w); }
 inline void store_sums(int32_t* to, Sums s) { _mm512_storeu_si512(to, s); }
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-constexpr int64_t BLOCK = 8;
+constexpr int64_t BLOCK = 8, OWN_MACS = int64_t(1) << 27;  // oneDNN's AVX2 kernel gains at no size measured
 using Sums = __m256i;
 inline Sums load_block(const int8_t* w) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)); }
 inline Sums add_four(Sums s, int32_t four, Sums w) {
-#if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(s, _mm256_set1_epi32(four), w);
-#else
   const Sums pairs = _mm256_maddubs_epi16(_mm256_set1_epi32(four), w);
   return _mm256_add_epi32(s, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-#endif
 }
 inline void store_sums(int32_t* to, Sums s) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), s); }
 #else
 #error "the compiled step needs AVX2 (with F16C and FMA) or AVX-512 VNNI"
 #endif
 
-Tensor few_rows_layout(const Tensor& w8) {
+Tensor int8_layout(const Tensor& w8) {
   const int64_t N = w8.size(0), C = w8.size(1), blocks = (N + BLOCK - 1) / BLOCK, groups = (C + GROUP - 1) / GROUP;
   Tensor padded = at::zeros({blocks * BLOCK, groups * GROUP}, w8.options());
   padded.narrow(0, 0, N).narrow(1, 0, C).copy_(w8);
   return padded.view({blocks, BLOCK, groups, GROUP}).permute({0, 2, 1, 3}).contiguous();
 }
 
-// sums [FEW_ROWS, blocks x BLOCK] (int32) of x [FEW_ROWS, groups x 4] (u8, its rows padded with zeros; the rows past
-// the input's zeros) by a weight in the few rows' layout, each weight read once for all rows (always FEW_ROWS of
-// them: a count known to the compiler keeps the sums in registers)
-void few_rows_int8(const uint8_t* x, int64_t groups, const int8_t* w, int64_t blocks, int32_t* sums) {
+// sums [chunks x FEW_ROWS, blocks x BLOCK] (int32) of x [chunks x FEW_ROWS, groups x 4] (u8, its rows padded with
+// zeros; the rows past the input's zeros) by a weight in the loop's layout, FEW_ROWS rows at a time (a count known to
+// the compiler keeps the sums in registers), each block of the weight read from memory once for all rows
+void int8_loop(const uint8_t* x, int64_t chunks, int64_t groups, const int8_t* w, int64_t blocks, int32_t* sums) {
   const int64_t width = groups * GROUP, outputs = blocks * BLOCK;
   at::parallel_for(0, blocks, 4, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const int8_t* block = w + n * groups * BLOCK * GROUP;
-      Sums lanes[FEW_ROWS] = {};  // zeros
-      for (int64_t g = 0; g < groups; ++g) {
-        const Sums weights = load_block(block + g * BLOCK * GROUP);
-        for (int64_t r = 0; r < FEW_ROWS; ++r) {
-          int32_t four;  // the row's group of 4 inputs, in every lane
-          std::memcpy(&four, x + r * width + g * GROUP, GROUP);
-          lanes[r] = add_four(lanes[r], four, weights);
+      for (int64_t first = 0; first < chunks * FEW_ROWS; first += FEW_ROWS) {
+        Sums lanes[FEW_ROWS] = {};  // zeros
+        for (int64_t g = 0; g < groups; ++g) {
+          const Sums weights = load_block(block + g * BLOCK * GROUP);
+          for (int64_t r = 0; r < FEW_ROWS; ++r) {
+            int32_t four;  // the row's group of 4 inputs, in every lane
+            std::memcpy(&four, x + (first + r) * width + g * GROUP, GROUP);
+            lanes[r] = add_four(lanes[r], four, weights);
+          }
         }
+        for (int64_t r = 0; r < FEW_ROWS; ++r) store_sums(sums + (first + r) * outputs + n * BLOCK, lanes[r]);
       }
-      for (int64_t r = 0; r < FEW_ROWS; ++r) store_sums(sums + r * outputs + n * BLOCK, lanes[r]);
     }
   });
 }
 
-// Whether int8 products quantize their inputs to 7 bits: without VNNI (in this build, for -march=native), AVX2 and
-// AVX-512 sum pairs of 8-bit products in saturating 16 bits (torch's dynamic quantized Linear does the same).
-#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+// Whether int8 products quantize their inputs to 7 bits: without AVX-512 VNNI (in this build, for -march=native),
+// AVX2 sums pairs of 8-bit products in saturating 16 bits (torch's dynamic quantized Linear does the same).
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 bool reduce_range() { return false; }
 #else
 bool reduce_range() { return true; }
@@ -149,12 +148,12 @@ bool reduce_range() { return true; }
 // onednn::qlinear_prepack, packed once, and onednn::qlinear_pointwise: AMX, VNNI or AVX2 as the CPU has). The weight
 // is quantized per output, the input per call and row (u8 about a zero point of 128, the row's largest magnitude at
 // 127; 64 and 63 in 7 bits), the int32 sums scaled back per output and row, so that a row's outputs do not depend on
-// the other rows (another sentence of the batch, another beam). At up to FEW_ROWS rows few_rows_int8.
+// the other rows (another sentence of the batch, another beam). Where it pays, int8_loop (OWN_MACS).
 struct Linear {
   Tensor w, b;  // float32 [N, C], [N]; w undefined where int8
   Tensor packed, scale, zero;  // int8: oneDNN's weight, its scale per output [N] (float32), zero points [N] (0)
-  Tensor few, sums;  // int8: the weight in the few rows' layout, its rows' sums [N] (int32)
-  mutable std::vector<uint8_t> few_in;  // the few rows' loop's input and sums, kept from call to call
+  Tensor few, sums;  // int8: the weight in int8_loop's layout, its rows' sums [N] (int32)
+  mutable std::vector<uint8_t> few_in;  // int8_loop's input and sums, kept from call to call
   mutable std::vector<int32_t> few_sums;
   Linear() = default;
   Linear(const Tensor& weight_, const Tensor& bias, bool int8)  // no bias: zeros
@@ -164,7 +163,7 @@ struct Linear {
     scale = w.abs().amax(1).div(127.0).clamp_min(1e-12);
     zero = at::zeros({w.size(0)}, w.options().dtype(torch::kLong));
     Tensor w8 = w.div(scale.unsqueeze(1)).round().to(torch::kChar);
-    few = few_rows_layout(w8), sums = w8.sum({1}, false, torch::kInt);
+    few = int8_layout(w8), sums = w8.sum({1}, false, torch::kInt);
     torch::jit::Stack stack{w8, c10::IValue()};
     prepack.callBoxed(&stack);
     packed = stack.at(0).toTensor();
@@ -190,26 +189,27 @@ struct Linear {
     const int64_t ZERO = reduce_range() ? 64 : 128;  // 7 bits: u8 at most 127
     const float top = ZERO - 1;
     const int64_t R = x.size(0), C = x.size(1), N = scale.size(0);
-    const bool few_rows = R <= FEW_ROWS;
-    const int64_t width = few_rows ? few.size(1) * GROUP : C;  // the few rows' loop reads rows padded with zeros
-    Tensor q = few_rows ? Tensor() : at::empty({R, C}, x.options().dtype(torch::kByte));
-    if (few_rows) {  // the rows from R on zeros (the padding past C stays zero: it is never written)
-      few_in.resize(FEW_ROWS * width);
+    const bool own = R <= FEW_ROWS || R * N * C <= OWN_MACS;
+    const int64_t width = own ? few.size(1) * GROUP : C;  // int8_loop reads rows padded with zeros
+    const int64_t chunks = (R + FEW_ROWS - 1) / FEW_ROWS;
+    Tensor q = own ? Tensor() : at::empty({R, C}, x.options().dtype(torch::kByte));
+    if (own) {  // the rows from R on zeros (the padding past C stays zero: it is never written)
+      few_in.resize(chunks * FEW_ROWS * width);
       std::fill(few_in.begin() + R * width, few_in.end(), 0);
     }
     std::vector<float> row_scale(R);
     const float* in = x.data_ptr<float>();
-    uint8_t* out = few_rows ? few_in.data() : q.data_ptr<uint8_t>();
+    uint8_t* out = own ? few_in.data() : q.data_ptr<uint8_t>();
     for (int64_t r = 0; r < R; ++r) {
       row_scale[r] = std::max(largest(in + r * C, C), 1e-30f) / top;
       const float inverse = 1.f / row_scale[r];
       for (int64_t c = 0; c < C; ++c) out[r * width + c] = uint8_t(std::nearbyint(in[r * C + c] * inverse) + ZERO);
     }
     const float* __restrict__ bias = b.data_ptr<float>();
-    if (few_rows) {
+    if (own) {
       const int64_t outputs = few.size(0) * BLOCK;
-      few_sums.resize(FEW_ROWS * outputs);
-      few_rows_int8(out, few.size(1), few.data_ptr<int8_t>(), few.size(0), few_sums.data());
+      few_sums.resize(chunks * FEW_ROWS * outputs);
+      int8_loop(out, chunks, few.size(1), few.data_ptr<int8_t>(), few.size(0), few_sums.data());
       Tensor y = at::empty({R, N}, x.options());
       const int32_t* __restrict__ S = sums.data_ptr<int32_t>();
       const float* __restrict__ ws = scale.data_ptr<float>();
@@ -796,4 +796,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("generate", &Decoder::generate, "the beam search over the steps (see the C++ source)")
       .def("output", &Decoder::output);
   m.def("reduce_range", &reduce_range, "whether int8 products quantize their inputs to 7 bits (no VNNI)");
+  m.attr("OWN_MACS") = OWN_MACS;
 }

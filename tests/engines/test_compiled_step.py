@@ -164,19 +164,21 @@ def test_a_language_models_steps_equal_eager(lm_model):
 
 
 def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
-    """The int8 products (a loop of its own at a few rows, oneDNN's above) against their arithmetic in float64 (the
-    weight per output, the input per call and row quantized: a row's outputs do not depend on the other rows); the
-    int8 step's scores near float32's."""
+    """The int8 products (a loop of its own up to OWN_MACS products, FEW_ROWS rows at a time; oneDNN's above) against
+    their arithmetic in float64 (the weight per output, the input per call and row quantized: a row's outputs do not
+    depend on the other rows); the int8 step's scores near float32's."""
     task, eager, engine, sep = model_pair(*DOCUMENTS, int8=True)
     weight = eager.decoder.output_projection.weight.detach().double()
-    x = torch.randn(5, weight.size(1)) * torch.tensor([1e-3, 1.0, 30.0, 1.0, 0.1])[:, None]
+    onednn_rows = compiled.load().OWN_MACS // weight.numel() + 1
+    magnitudes = torch.tensor([1e-3, 1.0, 30.0, 1.0, 0.1]).repeat(onednn_rows)[:onednn_rows, None]
+    x = torch.randn(onednn_rows, weight.size(1)) * magnitudes
     scale = weight.abs().amax(1, keepdim=True) / 127
     top = 63 if compiled.load().reduce_range() else 127  # the largest magnitude's level: 7 bits or 8
-    rows = x.double().abs().amax(1, keepdim=True) / top
-    x8 = (x.double() / rows).round()
+    rows = x.abs().amax(1, keepdim=True) / top  # the input's quantization in float32, as the step's
+    x8, rows = (x * (1 / rows)).round().double(), rows.double()
     reference = rows * (x8 @ ((weight / scale).round() * scale).t())
     product = engine.decoder.step_engine.engine.output
-    for rows in (3, 5):  # the loop of the few rows' products, oneDNN's
+    for rows in (3, 9, onednn_rows):  # the loop: one group of rows, three (the last padded); oneDNN's
         got = product(x[:rows])
         torch.testing.assert_close(got.double(), reference[:rows], rtol=1e-5, atol=1e-5 * reference.abs().max().item())
         assert (got.double() - x[:rows].double() @ weight.t()).abs().max() > 1e-4  # int8: not float32's product
@@ -191,13 +193,14 @@ def test_int8_products_equal_their_reference_and_stay_near_float(model_pair):
 def test_the_int8_forms_float16_state_gives_the_eager_steps_with_their_state_rounded(model_pair, extra):
     """--int8-inference keeps the causal state in float16 (the products here in float32: no matrix has int8_min_weights
     numbers): the scores of the eager steps whose state is rounded to float16 after each step, and those states
-    (within float16's rounding: the sums' order may round a number the other way, a step's cancellation grow that)."""
+    (within float16's rounding: the sums' order may round a number the other way, a step's cancellation grow that;
+    the scores within 1e-4, the change of one float16 rounding: 1e-5 held natively, not with ATen's AVX2 kernels)."""
     task, eager, engine, sep = model_pair(*extra, int8=True, int8_min_weights=10**9)
     step_engine, sample = _counted(engine), _sample(task, sep)
     scores, states = _steps(eager, task, sample, sep, float16_state=True)
     engine_scores, engine_states = _steps(engine, task, sample, sep)
     assert step_engine.calls == 7 and all(s.dtype == torch.float16 for s in engine_states)
-    torch.testing.assert_close(engine_scores, scores, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(engine_scores, scores, rtol=1e-4, atol=1e-4)
     scale = max(s.abs().max() for s in states)
     torch.testing.assert_close([s.float() for s in engine_states], states, rtol=2e-3, atol=2e-3 * scale)
 
