@@ -27,7 +27,6 @@ from report import mib  # noqa: E402
 RFA, GATE = ["--arch", "rfa_transformer_lm"], ["--arch", "rfa_transformer_lm", "--rfa-gate"]
 LM = {"softmax": ["--arch", "transformer_lm"], "sdpa": ["--arch", "transformer_lm"], "rfa": RFA, "rfa_gate": GATE,
       "rfa_recompute": RFA + ["--rfa-recompute"], "rfa_gate_recompute": GATE + ["--rfa-recompute"],
-      **{f"rfa_gate_seg{n}": GATE + ["--rfa-recompute-segment", str(n)] for n in (128, 256)},  # smaller temporaries
       **{f"rfa_gate_{b}": GATE + ["--rfa-backend", b] for b in ("torch", "fla")}}  # the kernels by name (rfa_gate: auto)
 MT = {"softmax": ["--arch", "transformer_iwslt_de_en"], "rfa": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa"],
       "rfa_gate": ["--arch", "rfa_transformer_iwslt_de_en", "--cross-attention", "rfa", "--rfa-gate"],
