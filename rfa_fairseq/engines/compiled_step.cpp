@@ -152,9 +152,9 @@ bool reduce_range() { return true; }
 struct Linear {
   Tensor w, b;  // float32 [N, C], [N]; w undefined where int8
   Tensor packed, scale, zero;  // int8: oneDNN's weight, its scale per output [N] (float32), zero points [N] (0)
-  Tensor few, sums;  // int8: the weight in int8_loop's layout, its rows' sums [N] (int32)
-  mutable std::vector<uint8_t> few_in;  // int8_loop's input and sums, kept from call to call
-  mutable std::vector<int32_t> few_sums;
+  Tensor blocked, sums;  // int8: the weight in int8_loop's layout, its rows' sums [N] (int32)
+  mutable std::vector<uint8_t> loop_in;  // int8_loop's input and sums, kept from call to call
+  mutable std::vector<int32_t> loop_sums;
   Linear() = default;
   Linear(const Tensor& weight_, const Tensor& bias, bool int8)  // no bias: zeros
       : w(weight_), b(bias.defined() ? bias : at::zeros({weight_.size(0)}, weight_.options())) {
@@ -163,7 +163,7 @@ struct Linear {
     scale = w.abs().amax(1).div(127.0).clamp_min(1e-12);
     zero = at::zeros({w.size(0)}, w.options().dtype(torch::kLong));
     Tensor w8 = w.div(scale.unsqueeze(1)).round().to(torch::kChar);
-    few = int8_layout(w8), sums = w8.sum({1}, false, torch::kInt);
+    blocked = int8_layout(w8), sums = w8.sum({1}, false, torch::kInt);
     torch::jit::Stack stack{w8, c10::IValue()};
     prepack.callBoxed(&stack);
     packed = stack.at(0).toTensor();
@@ -190,16 +190,16 @@ struct Linear {
     const float top = ZERO - 1;
     const int64_t R = x.size(0), C = x.size(1), N = scale.size(0);
     const bool own = R <= FEW_ROWS || R * N * C <= OWN_MACS;
-    const int64_t width = own ? few.size(1) * GROUP : C;  // int8_loop reads rows padded with zeros
+    const int64_t width = own ? blocked.size(1) * GROUP : C;  // int8_loop reads rows padded with zeros
     const int64_t chunks = (R + FEW_ROWS - 1) / FEW_ROWS;
     Tensor q = own ? Tensor() : at::empty({R, C}, x.options().dtype(torch::kByte));
     if (own) {  // the rows from R on zeros (the padding past C stays zero: it is never written)
-      few_in.resize(chunks * FEW_ROWS * width);
-      std::fill(few_in.begin() + R * width, few_in.end(), 0);
+      loop_in.resize(chunks * FEW_ROWS * width);
+      std::fill(loop_in.begin() + R * width, loop_in.end(), 0);
     }
     std::vector<float> row_scale(R);
     const float* in = x.data_ptr<float>();
-    uint8_t* out = own ? few_in.data() : q.data_ptr<uint8_t>();
+    uint8_t* out = own ? loop_in.data() : q.data_ptr<uint8_t>();
     for (int64_t r = 0; r < R; ++r) {
       row_scale[r] = std::max(largest(in + r * C, C), 1e-30f) / top;
       const float inverse = 1.f / row_scale[r];
@@ -207,14 +207,14 @@ struct Linear {
     }
     const float* __restrict__ bias = b.data_ptr<float>();
     if (own) {
-      const int64_t outputs = few.size(0) * BLOCK;
-      few_sums.resize(chunks * FEW_ROWS * outputs);
-      int8_loop(out, chunks, few.size(1), few.data_ptr<int8_t>(), few.size(0), few_sums.data());
+      const int64_t outputs = blocked.size(0) * BLOCK;
+      loop_sums.resize(chunks * FEW_ROWS * outputs);
+      int8_loop(out, chunks, blocked.size(1), blocked.data_ptr<int8_t>(), blocked.size(0), loop_sums.data());
       Tensor y = at::empty({R, N}, x.options());
       const int32_t* __restrict__ S = sums.data_ptr<int32_t>();
       const float* __restrict__ ws = scale.data_ptr<float>();
       for (int64_t r = 0; r < R; ++r) {  // the zero point's share taken out, then scaled per output and row
-        const int32_t* __restrict__ t = few_sums.data() + r * outputs;
+        const int32_t* __restrict__ t = loop_sums.data() + r * outputs;
         float* __restrict__ p = y.data_ptr<float>() + r * N;
         for (int64_t n = 0; n < N; ++n)
           p[n] = static_cast<float>(t[n] - static_cast<int32_t>(ZERO) * S[n]) * ws[n] * row_scale[r] + bias[n];
