@@ -1,35 +1,36 @@
 #!/usr/bin/env python
 """Multi-query associative recall (MQAR, after Zoology), docs/quality.md: L tokens, P key-value pairs then the P keys in
-a random order among fillers ``_``, each followed by its value; language models trained on every token; recall: the
-share of queries whose value is the most likely next token after the key (the checkpoint best on valid loss).
+a random order among fillers ``_``, each followed by its value; language models trained on the answers alone (the value
+after a query; criterion ``recall_answers`` of results/recall_lm); recall: the % of the test queries whose value is the
+most likely next token (the checkpoint best on valid loss).
 
     python results/recall.py --setting L256_P16 --variants softmax rfa rfa_gate --seeds 1
 """
 import random
 import sys
 
-import torch
 from runner import main, run, tool, train, valid_scores
 
 NAME, OUT, WORK = "recall", "results/recall_study.jsonl", "work/recall_study"
 KEYS = VALUES = 512  # keys k0..k511, values v0..v511
 SPLITS = {"train": 20000, "valid": 200, "test": 500}  # sequences; each split its own seed
-SETTINGS = {f"L{length}_P{pairs}": dict(length=length, pairs=pairs, updates=3000, warmup=200, lr="2e-3", rows=max(4, 8192 // length))
-            for length, pairs in ((256, 16), (256, 64), (1024, 16), (1024, 64), (1024, 256), (4096, 64), (4096, 256))}
+SETTINGS = {f"L{length}_P{pairs}": dict(length=length, pairs=pairs, updates=updates, warmup=200, lr="2e-3",
+                                        rows=max(4, 8192 // length))  # 8,192 tokens an update
+            for length, pairs, updates in ((64, 16, 1500), (256, 16, 3000), (256, 64, 3000), (1024, 16, 3000),
+                                           (1024, 64, 3000), (1024, 256, 3000), (4096, 64, 3000), (4096, 256, 3000))}
 METRICS = [("test recall %", "test_recall", 1), ("best valid loss", "valid_loss", 3)]  # a setting chosen on valid loss
-RFA = ["--arch", "rfa_transformer_lm"]
+RFA, PLUGIN = ["--arch", "rfa_transformer_lm"], ["--user-dir", "results/recall_lm"]
 VARIANTS = {"softmax": ["--arch", "transformer_lm"], "rfa": RFA, "rfa_gate": RFA + ["--rfa-gate"],  # lastB: the heads' gate
             **{f"rfa_gate_last{b}": RFA + ["--rfa-gate", "--rfa-gate-bias-last", b] for b in (5, 8)}}  # biases 2 to B
 
 
-def sequence(length: int, pairs: int, rng: random.Random):  # an example's tokens, the positions of its queries' keys
+def sequence(length: int, pairs: int, rng: random.Random) -> list:  # an example's tokens
     keys, values = rng.sample(range(KEYS), pairs), [rng.randrange(VALUES) for _ in range(pairs)]
     tokens = [w for k, v in zip(keys, values) for w in (f"k{k}", f"v{v}")]
-    section, queries = ["_"] * (length - 2 * pairs), []  # in slots of two tokens
+    section = ["_"] * (length - 2 * pairs)  # in slots of two tokens
     for i, slot in enumerate(rng.sample(range((length - 2 * pairs) // 2), pairs)):  # pair i's query at this slot
         section[2 * slot:2 * slot + 2] = [f"k{keys[i]}", f"v{values[i]}"]
-        queries.append(2 * pairs + 2 * slot)
-    return tokens + section, queries
+    return tokens + section
 
 
 def examples(s, split: str):
@@ -45,40 +46,30 @@ def prepare(a):
         words = [f"k{i}" for i in range(KEYS)] + [f"v{i}" for i in range(VALUES)] + ["_"]  # all, whatever a split draws
         (text / "dict.txt").write_text("".join(f"{w} 1\n" for w in words))
         for split in SPLITS:
-            (text / f"{split}.txt").write_text("".join(" ".join(t) + "\n" for t, _ in examples(s, split)))
+            (text / f"{split}.txt").write_text("".join(" ".join(t) + "\n" for t in examples(s, split)))
         run([tool("fairseq-preprocess"), "--only-source", "--srcdict", text / "dict.txt", "--destdir", data,
              "--workers", "1", *[x for split in SPLITS for x in (f"--{split}pref", text / f"{split}.txt")]],
             a.work / a.setting / "preprocess.log")
     return data
 
 
-def recall(ckpt, data, s, split: str) -> float:  # %
-    from fairseq import checkpoint_utils
-    import rfa_fairseq  # noqa: F401 (its models)
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides={"data": str(data)})
-    model, d = models[0].eval(), task.source_dictionary
-    hits = 0
-    with torch.no_grad():
-        for tokens, queries in examples(s, split):
-            ids = torch.tensor([[d.eos()] + [d.index(w) for w in tokens]])  # fairseq's sample starts after an </s>
-            best = model(ids)[0].argmax(-1)[0]  # best[i]: the token predicted after ids[i]
-            hits += sum(int(best[q + 1] == ids[0, q + 2]) for q in queries)
-    return 100.0 * hits / (s["pairs"] * SPLITS[split])
-
-
 def run_one(variant, s, seed, data, out, a) -> dict:
     every = s["updates"] // 10  # validate, and keep the best checkpoint on valid loss
-    record = train([data, "--user-dir", "rfa_fairseq", "--task", "language_modeling",  # blocks of L + 1: a line and its </s>
+    record = train([data, *PLUGIN, "--task", "language_modeling",  # blocks of L + 1: a line and its </s>
                     "--tokens-per-sample", s["length"] + 1, "--max-target-positions", s["length"] + 1, *VARIANTS[variant],
                     "--decoder-layers", 2, "--decoder-embed-dim", 128, "--decoder-ffn-embed-dim", 256,
-                    "--decoder-attention-heads", 2, "--dropout", 0.0, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-                    "--weight-decay", 0.1, "--clip-norm", 1.0, "--lr", s["lr"], "--lr-scheduler", "inverse_sqrt",
-                    "--warmup-updates", s["warmup"], "--batch-size", s["rows"], "--seed", seed, "--log-interval", 100,
+                    "--decoder-attention-heads", 2, "--dropout", 0.0, "--criterion", "recall_answers",
+                    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--weight-decay", 0.1, "--clip-norm", 1.0,
+                    "--lr", s["lr"], "--lr-scheduler", "inverse_sqrt", "--warmup-updates", s["warmup"],
+                    "--batch-size", s["rows"], "--required-batch-size-multiple", 1, "--seed", seed, "--log-interval", 100,
                     "--save-interval-updates", every, "--validate-interval-updates", every, "--keep-interval-updates", 1],
                    out, s["updates"], a)
     valid = [(v["loss"], int(v["num_updates"])) for v in valid_scores((out / "train.log").read_text())]
     record["valid_loss"], record["best_update"] = min(valid)
-    record["test_recall"] = recall(out / "checkpoint_best.pt", data, s, "test")
+    test = run([tool("fairseq-validate"), data, *PLUGIN, "--task", "language_modeling", "--path", out / "checkpoint_best.pt",
+                "--valid-subset", "test", "--batch-size", s["rows"], "--required-batch-size-multiple", 1, *a.cpu_flag],
+               out / "test.log")
+    record["test_recall"] = valid_scores(test, "test")[0]["recall"]
     return record
 
 

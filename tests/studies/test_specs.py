@@ -251,12 +251,36 @@ def test_a_tiny_stateful_lm_run(tmp_path, monkeypatch):
 def test_recall_examples_ask_for_every_pair_once():
     """An MQAR example: P distinct keys with their values, then each key once among the fillers, its value after it."""
     import random
-    tokens, queries = recall.sequence(64, 8, random.Random(0))
+    tokens = recall.sequence(64, 8, random.Random(0))
+    queries = [i for i in range(16, 64) if tokens[i].startswith("k")]
     assert len(tokens) == 64 and len(set(tokens[:16:2])) == 8 and len(queries) == 8
     written = dict(zip(tokens[:16:2], tokens[1:16:2]))
     assert sorted(tokens[q] for q in queries) == sorted(written) and all(tokens[q + 1] == written[tokens[q]] for q in queries)
-    assert tokens[16:].count("_") == 64 - 16 - 16 and recall.examples(recall.SETTINGS["L256_P16"], "valid")[0][0][:2] == \
-        recall.examples(recall.SETTINGS["L256_P16"], "valid")[0][0][:2]  # drawn from the split's own seed
+    assert tokens[16:].count("_") == 64 - 16 - 16 and recall.examples(recall.SETTINGS["L256_P16"], "valid")[0][:2] == \
+        recall.examples(recall.SETTINGS["L256_P16"], "valid")[0][:2]  # drawn from the split's own seed
+
+
+def test_the_recall_loss_scores_the_answers_alone():
+    """recall_answers: the loss and the hits of the tokens after a repeated key, none of the others'."""
+    from fairseq.data import Dictionary
+    from recall_lm import RecallAnswers
+    d = Dictionary()
+    for w in ("k1", "k2", "v1", "v2", "_"):
+        d.add_symbol(w)
+    rows = [["k1", "v1", "k2", "v2", "_", "k2", "v2", "k1"], ["k2", "v1", "k1", "v2", "k1", "v2", "_", "_"]]
+    ids = torch.tensor([[d.index(w) for w in row] for row in rows])
+    target = torch.cat([ids[:, 1:], torch.tensor([[d.index("v1")], [d.pad()]])], 1)  # the next tokens; row 2's last: pad
+    logits = torch.randn(2, 8, len(d), generator=torch.Generator().manual_seed(0))
+
+    class Model:
+        get_normalized_probs = staticmethod(lambda out, log_probs: out.log_softmax(-1))
+        __call__ = staticmethod(lambda src_tokens: logits)
+    criterion = RecallAnswers(type("Task", (), {"source_dictionary": d, "target_dictionary": d})())
+    loss, answers, log = criterion(Model(), {"net_input": {"src_tokens": ids}, "target": target, "ntokens": 16})
+    where = [(0, 5), (0, 7), (1, 4)]  # the repeated keys: k2 and k1 in row 1, k1 in row 2
+    lprobs = logits.log_softmax(-1)
+    assert answers == 3 and torch.allclose(loss, -sum(lprobs[b, i, target[b, i]] for b, i in where))
+    assert log["hits"] == sum(int(lprobs[b, i].argmax() == target[b, i]) for b, i in where)
 
 
 @pytest.mark.slow  # trains and scores through the command lines
