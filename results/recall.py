@@ -20,8 +20,10 @@ SETTINGS = {f"L{length}_P{pairs}": dict(length=length, pairs=pairs, updates=upda
                                            (1024, 64, 3000), (1024, 256, 3000), (4096, 64, 3000), (4096, 256, 3000))}
 METRICS = [("test recall %", "test_recall", 1), ("best valid loss", "valid_loss", 3)]  # a setting chosen on valid loss
 RFA, PLUGIN = ["--arch", "rfa_transformer_lm"], ["--user-dir", "results/recall_lm"]
-VARIANTS = {"softmax": ["--arch", "transformer_lm"], "rfa": RFA, "rfa_gate": RFA + ["--rfa-gate"],  # lastB: the heads' gate
-            **{f"rfa_gate_last{b}": RFA + ["--rfa-gate", "--rfa-gate-bias-last", b] for b in (5, 8)}}  # biases 2 to B
+VARIANTS = {"softmax": ["--arch", "transformer_lm"], "rfa": RFA, "rfa_gate": RFA + ["--rfa-gate"],
+            "rfa_gate_last8": RFA + ["--rfa-gate", "--rfa-gate-bias-last", 8],  # the heads' gate biases 2 to 8
+            "rfa_gate_sigma2.5": RFA + ["--rfa-gate", "--rfa-init-sigma", 2.5],  # a sharper kernel: exp(6.25 q.k)
+            "rfa_gate_sigma2.5_fixed": RFA + ["--rfa-gate", "--rfa-init-sigma", 2.5, "--rfa-fixed-features"]}  # drawn once
 
 
 def sequence(length: int, pairs: int, rng: random.Random) -> list:  # an example's tokens
