@@ -22,7 +22,6 @@ SOFTMAX, RFA = (["--user-dir", "rfa_fairseq", "--arch", arch] for arch in ("tran
 GATE = RFA + ["--rfa-gate"]
 VARIANTS = {  # (training task, flags[, what changes in the setting])
     "softmax": (LM, SOFTMAX), "rfa_gate": (LM, GATE), "rfa": (LM, RFA),
-    "rfa_gate_nopos": (LM, GATE + ["--no-token-positional-embeddings"]),
     # shuffled blocks, each after a burn-in over the block before it in the text (no gradient, the update's draw)
     "rfa_gate_burnin": (STATEFUL, GATE + ["--burn-in-blocks", "1"]),
     "rfa_gate_burnin2": (STATEFUL, GATE + ["--burn-in-blocks", "2"]),  # the fix, the task's default: two blocks before

@@ -33,7 +33,3 @@ class RecallAnswers(FairseqCriterion):
         answers = max(sum(log.get("sample_size", 0) for log in logs), 1)
         metrics.log_scalar("loss", sum(log.get("loss", 0) for log in logs) / answers / math.log(2), answers, round=3)
         metrics.log_scalar("recall", 100.0 * sum(log.get("hits", 0) for log in logs) / answers, answers, round=2)
-
-    @staticmethod
-    def logging_outputs_can_be_summed() -> bool:
-        return True
