@@ -23,7 +23,8 @@ RFA, PLUGIN = ["--arch", "rfa_transformer_lm"], ["--user-dir", "results/recall_l
 VARIANTS = {"softmax": ["--arch", "transformer_lm"], "rfa": RFA, "rfa_gate": RFA + ["--rfa-gate"],
             "rfa_gate_last8": RFA + ["--rfa-gate", "--rfa-gate-bias-last", 8],  # the heads' gate biases 2 to 8
             "rfa_gate_sigma2.5": RFA + ["--rfa-gate", "--rfa-init-sigma", 2.5],  # a sharper kernel: exp(6.25 q.k)
-            "rfa_gate_sigma2.5_fixed": RFA + ["--rfa-gate", "--rfa-init-sigma", 2.5, "--rfa-fixed-features"]}  # drawn once
+            "rfa_gate_sigma2.5_fixed": RFA + ["--rfa-gate", "--rfa-init-sigma", 2.5, "--rfa-fixed-features"],  # drawn once
+            "rfa_conv4": RFA + ["--rfa-short-conv", 4], "rfa_gate_conv4": RFA + ["--rfa-gate", "--rfa-short-conv", 4]}
 
 
 def sequence(length: int, pairs: int, rng: random.Random) -> list:  # an example's tokens

@@ -36,6 +36,10 @@ class RFAConfig(FairseqDataclass):
         "help": "with --rfa-gate: the last head's initial gate bias, the heads' evenly spaced from --rfa-gate-bias "
                 "(the first head's) to it: memories at several scales, about 1 + e^bias tokens each; unset: every "
                 "head at --rfa-gate-bias"})
+    rfa_short_conv: int = field(default=0, metadata={
+        "help": "causal attention: a causal depthwise convolution of this width over q, k and v after their "
+                "projection (0: none), what RFA needs to recall (docs/quality.md, Associative recall); decoding keeps "
+                "the last width - 1 projections beside the state"})
     rfa_init_sigma: float = field(default=1.0, metadata={
         "help": "initial learned per-head, per-dimension scale sigma (the inverse kernel width: "
                 "attention logits ~ sigma^2 q.k on unit q, k)"})
@@ -102,7 +106,8 @@ def rfa_config_from(args) -> RFAConfig:
                                    or values["rfa_gate_bias_last"] is not None):
         raise ValueError("--rfa-gate-form, --rfa-gate-bias and --rfa-gate-bias-last shape the gate: they need "
                          "--rfa-gate")
-    non_negative_int(flag("rfa_recompute_segment"), values["rfa_recompute_segment"])
+    for name in ("rfa_recompute_segment", "rfa_short_conv"):
+        non_negative_int(flag(name), values[name])
     values["rfa_backend"] = one_of(flag("rfa_backend"), values["rfa_backend"], BACKENDS)
     return RFAConfig(**values)
 

@@ -58,7 +58,7 @@ def main(argv=None):
         query = kwargs["query"] if "query" in kwargs else args_[0]  # fairseq's layers pass it by name
         key_padding_mask = kwargs.get("key_padding_mask")
         if isinstance(mod, CausalRFAttention):
-            q, k, v, log_g = mod._inputs(query, key_padding_mask)
+            q, k, v, log_g = mod._inputs(query, key_padding_mask)[:4]
             ratio, _ = chunk_causal_rfa(q, k, v.new_ones(*v.shape[:3], 1), log_g, eps=mod.eps, convex=mod.convex,
                                         chunk_size=mod.chunk_size)
         else:

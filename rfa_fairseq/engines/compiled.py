@@ -79,6 +79,8 @@ def _layer(layer: nn.Module, window: bool):
     attention = layer.self_attn
     if not isinstance(attention, CausalRFAttention):
         raise ValueError("--compiled-step runs RFA decoders (not --decoder-attention softmax)")
+    if attention.conv is not None:
+        raise ValueError("--compiled-step: --rfa-short-conv is not compiled")
     weights, numbers = {"self_attn.projection": _features(attention)}, {
         "normalize_before": float(layer.normalize_before), "gelu": _gelu(layer),
         "self_attn.gated": float(attention.gated), "self_attn.convex": float(attention.convex),

@@ -49,6 +49,8 @@ class StepGraphs:
             raise ValueError(f"--cuda-graphs: the token embedding {type(decoder.embed_tokens).__name__} "
                              "(--adaptive-input, --character-embeddings) reads its masks back to the host and cannot "
                              "be captured")
+        if any(getattr(layer.self_attn, "conv", None) is not None for layer in decoder.layers):
+            raise ValueError("--cuda-graphs: --rfa-short-conv's last inputs are new tensors each step, not captured")
         self.decoder, self.max_graphs = decoder, max_graphs
         self.graphs: "OrderedDict[tuple, tuple]" = OrderedDict()  # key -> (tokens, position, sentence buffers, replay)
         self.seen_once, self.pool = set(), None

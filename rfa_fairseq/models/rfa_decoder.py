@@ -64,7 +64,7 @@ class RFATransformerDecoderLayer(SoftmaxTransformerDecoderLayer):
             self._feature_map(cfg, rfa.rfa_causal_feature_dim, feature_map_id(self.layer_idx, cross=False)),
             gate=rfa.rfa_gate, gate_form=rfa.rfa_gate_form, gate_bias=rfa.rfa_gate_bias, eps=rfa.rfa_eps,
             chunk_size=rfa.rfa_chunk_size, recompute=rfa.rfa_recompute, recompute_segment=rfa.rfa_recompute_segment,
-            backend=rfa.rfa_backend, gate_bias_last=rfa.rfa_gate_bias_last)
+            backend=rfa.rfa_backend, gate_bias_last=rfa.rfa_gate_bias_last, short_conv=rfa.rfa_short_conv)
 
     def build_encoder_attention(self, embed_dim, cfg):
         if self.cross_attention == "softmax":

@@ -3,10 +3,12 @@
 Drop-in for fairseq's MultiheadAttention in a decoder layer's ``self_attn`` slot (same call signature), Time x Batch x
 Channel. Causality is structural (the recurrence only looks back): the decoder's future mask is only checked for shape.
 
-One linear layer, ``in_proj``, computes q, k, v and the gate's logit. With an incremental state the module keeps its
-op's state under its key, ``{"state": [S | z]}``, beside a spare buffer for beam reorders; its size does not depend on
-the tokens before. One token is a recurrent step (pads masked in it, nothing read back to the host); several (a prompt,
-a stateful language model's next block) go through the chunked form from the state and leave their final state there."""
+One linear layer, ``in_proj``, computes q, k, v and the gate's logit; a short convolution (``short_conv``) may mix each
+of q, k, v with the few before it. With an incremental state the module keeps its op's state under its key,
+``{"state": [S | z]}`` (and ``"conv"``, the convolution's last inputs), beside spare buffers for beam reorders; their
+size does not depend on the tokens before. One token is a recurrent step (pads masked in it, nothing read back to the
+host); several (a prompt, a stateful language model's next block) go through the chunked form from the state and leave
+their final state there."""
 from typing import Optional, Tuple
 
 import torch
@@ -37,18 +39,22 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
     form ``gate_form``: ``ops.naive_causal_rfa``). ``embed_dim``: ``C``; ``num_heads``: ``H`` (``K = C / H``);
     ``feature_map``: shared by queries and keys. The other arguments are the
     ``--rfa-*`` flags of ``config.py``: ``recompute`` and ``recompute_segment`` act on multi-token calls under autograd
-    (:meth:`_tokens`), ``backend`` picks a multi-token call's kernels (``fla_chosen``; one-token steps are torch's)."""
+    (:meth:`_tokens`), ``backend`` picks a multi-token call's kernels (``fla_chosen``; one-token steps are torch's),
+    ``short_conv`` is the width of :meth:`_convolve` (0: none)."""
 
     STATE_KEY = "causal_rfa"
 
     def __init__(self, embed_dim: int, num_heads: int, feature_map: RandomFeatureMap, gate: bool = False,
                  eps: float = DEFAULT_EPS, chunk_size: int = DEFAULT_CHUNK_SIZE, recompute: bool = False,
                  gate_form: str = "convex", gate_bias: float = 2.0, recompute_segment: int = DEFAULT_RECOMPUTE_SEGMENT,
-                 backend: str = "torch", gate_bias_last: Optional[float] = None):
+                 backend: str = "torch", gate_bias_last: Optional[float] = None, short_conv: int = 0):
         super().__init__(embed_dim, num_heads, feature_map, eps=eps, recompute=recompute)
         self.gated, self.convex = gate, one_of("gate_form", gate_form, GATE_FORMS) == "convex"
         self.recompute_segment = non_negative_int("recompute_segment", recompute_segment)
         self.backend, self.chunk_size = one_of("backend", backend, BACKENDS), chunk_size
+        self.short_conv = non_negative_int("short_conv", short_conv)
+        self.conv = nn.Conv1d(3 * embed_dim, 3 * embed_dim, short_conv, groups=3 * embed_dim) if short_conv else None
+        self.state_names = ["state", "conv"] if short_conv else ["state"]  # the incremental buffer's tensors
         projections = [self.q_proj, self.k_proj, self.v_proj]
         if gate:
             gate_proj = nn.Linear(embed_dim, num_heads)
@@ -73,12 +79,34 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
                 state_dict[f"{prefix}in_proj.{part}"] = torch.cat([state_dict.pop(key) for key in keys])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def _inputs(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor] = None):
-        """What this module's op takes, from ``x [T, B, C]`` by one projection: ``q, k [B, H, T, F]`` (phi(k) = 0 at
-        the pads), ``v [B, H, T, K]`` and ``log g [B, H, T]`` (or None; 0 at the pads)."""
+    def _convolve(self, qkv: Tensor, pad: Optional[Tensor], past: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """The short convolution over time, a filter per channel: ``out[t] = bias + sum_j w[j] qkv[t - W + 1 + j]``
+        for ``qkv [T, B, 3C]`` after ``past [B, W - 1, 3C]``, the inputs before (None: zeros). Pads (``pad [B, T]``)
+        at the start are zero inputs, as a sequence's start is; pads at the end are left out of the last W - 1 inputs,
+        which it returns beside the output (a one-token call at a pad keeps ``past``)."""
+        if pad is not None:
+            qkv = qkv.masked_fill(pad.t().unsqueeze(-1), 0.0)
+        T, B, D = qkv.shape
+        past = qkv.new_zeros(B, self.short_conv - 1, D) if past is None else past
+        inputs = torch.cat([past.transpose(0, 1), qkv])  # [W - 1 + T, B, 3C]
+        out = F.conv1d(inputs.permute(1, 2, 0), self.conv.weight, self.conv.bias, groups=D).permute(2, 0, 1)
+        if pad is None:
+            return out, inputs[T:].transpose(0, 1)
+        end = T - pad.flip(1).cumprod(1).sum(1)  # [B]: the tokens up to the last one that is not a pad
+        rows = end[:, None] + torch.arange(self.short_conv - 1, device=end.device)  # the last W - 1 inputs' rows
+        return out, inputs.transpose(0, 1).gather(1, rows[:, :, None].expand(-1, -1, D))
+
+    def _inputs(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor] = None,
+                past: Optional[Tensor] = None):
+        """What this module's op takes, from ``x [T, B, C]`` by one projection (and the convolution from ``past``):
+        ``q, k [B, H, T, F]`` (phi(k) = 0 at the pads), ``v [B, H, T, K]``, ``log g [B, H, T]`` (or None; 0 at the
+        pads) and the convolution's last inputs (or None)."""
         T, B, C = x.shape
         y = self.in_proj(x)
-        qkv = y[..., :3 * C].view(T, B, 3, self.num_heads, self.head_dim).permute(2, 1, 3, 0, 4)
+        qkv = y[..., :3 * C]
+        if self.conv is not None:
+            qkv, past = self._convolve(qkv, None if key_padding_mask is None else key_padding_mask.bool(), past)
+        qkv = qkv.view(T, B, 3, self.num_heads, self.head_dim).permute(2, 1, 3, 0, 4)
         # the gate's log [B, H, T], fp32 (fp64 for fp64)
         log_g = F.logsigmoid(y[..., 3 * C:].to(compute_dtype(y))).permute(1, 2, 0) if self.gated else None
         q, k = self.feature_map(qkv[:2], random_matrix)  # queries and keys share the map: one call
@@ -86,54 +114,58 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
             pad = key_padding_mask.unsqueeze(1).bool()
             log_g = None if log_g is None else log_g.masked_fill(pad, 0.0)
             k = k.masked_fill(pad.unsqueeze(-1), 0.0)
-        return q, k, qkv[2], log_g
+        return q, k, qkv[2], log_g, past
 
     def _segment(self, x: Tensor, key_padding_mask: Optional[Tensor], random_matrix: Optional[Tensor],
-                 state, output_final_state: bool):
-        """Layer input in; attention heads (before ``out_proj``) and the final state out, by the chunked form."""
-        q, k, v, log_g = self._inputs(x, key_padding_mask, random_matrix)
+                 state, past, output_final_state: bool):
+        """Layer input in; attention heads (before ``out_proj``), the final state and the convolution's last inputs
+        out, by the chunked form."""
+        q, k, v, log_g, past = self._inputs(x, key_padding_mask, random_matrix, past)
         op, kw = (fla_causal_rfa, {}) if self._fla(x) else (chunk_causal_rfa, dict(chunk_size=self.chunk_size))
-        return op(q, k, v, log_g, state, output_final_state, eps=self.eps, convex=self.convex, **kw)
+        return *op(q, k, v, log_g, state, output_final_state, eps=self.eps, convex=self.convex, **kw), past
 
     def _fla(self, x: Tensor) -> bool:
         return fla_chosen(self.backend, x.device, self.gated)
 
     def _tokens(self, x: Tensor, key_padding_mask: Optional[Tensor], state: Optional[Tensor] = None,
-                output_final_state: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
-        """Tokens ``x [T, B, C]`` at once from ``state`` (training, scoring, prompts). Under autograd, with
-        ``recompute`` or past ``recompute_segment`` tokens, one checkpoint per segment keeps only its input (a view of
-        ``x``) and entering state; the backward pass recomputes the rest from a copy of this step's random matrix.
+                past: Optional[Tensor] = None, output_final_state: bool = False):
+        """Tokens ``x [T, B, C]`` at once from ``state`` and ``past`` (training, scoring, prompts): the heads, the final
+        state (or None) and the convolution's last inputs (or None). Under autograd, with ``recompute`` or past
+        ``recompute_segment`` tokens, one checkpoint per segment keeps only its input (a view of ``x``) and entering
+        state and past; the backward pass recomputes the rest from a copy of this step's random matrix.
         Keeping ``x`` rather than the heads brings training memory to softmax's (fairseq's attention keeps ``x``,
         ``q``, ``k``, ``v`` and its output; this, ``x`` and the output)."""
         T = x.size(0)
         segment = T if self._fla(x) else self.recompute_segment or T
         if not torch.is_grad_enabled() or not (self.recompute or T > segment):
-            return self._segment(x, key_padding_mask, None, state, output_final_state)
+            return self._segment(x, key_padding_mask, None, state, past, output_final_state)
         random_matrix = self.feature_map.matrix_for_recompute()
         masks = [None] * -(-T // segment) if key_padding_mask is None else key_padding_mask.split(segment, dim=1)
         outs = []
         for x_, m_ in zip(x.split(segment, dim=0), masks):
-            out, state = checkpoint(self._segment, x_, m_, random_matrix, state, True, use_reentrant=False,
-                                    preserve_rng_state=False)
+            out, state, past = checkpoint(self._segment, x_, m_, random_matrix, state, past, True, use_reentrant=False,
+                                          preserve_rng_state=False)
             outs.append(out)
-        return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), (state if output_final_state else None)
+        return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)), (state if output_final_state else None), past
 
-    def _step(self, x: Tensor, key_padding_mask: Optional[Tensor], state) -> Tuple[Tensor, Tensor]:
-        """One token ``x [1, B, C]``: ``out [B, C]`` (the heads side by side) and the state, advanced in place without
-        autograd (the state was made by this module: a step, the chunked form or a reorder). :meth:`_inputs` in fewer
-        operators (they set a step's time)."""
+    def _step(self, x: Tensor, key_padding_mask: Optional[Tensor], state, past) -> Tuple[Tensor, Tensor, Tensor]:
+        """One token ``x [1, B, C]``: ``out [B, C]`` (the heads side by side), the state, advanced in place without
+        autograd (the state was made by this module: a step, the chunked form or a reorder), and the convolution's
+        last inputs. :meth:`_inputs` in fewer operators (they set a step's time)."""
         B, C, H, K = x.size(1), self.embed_dim, self.num_heads, self.head_dim
+        pad = None if key_padding_mask is None else key_padding_mask.bool()  # [B, 1]: a pad neither writes nor decays
         y = self.in_proj(x[0])  # [B, 3C (+ H)]
-        q, k = self.feature_map(y[:, :2 * C].view(B, 2, H, 1, K)).squeeze(-2).unbind(1)  # [B, H, F] each
+        qkv, past = (y[:, :3 * C], None) if self.conv is None else self._convolve(y[None, :, :3 * C], pad, past)
+        qkv = qkv.view(B, 3 * C)
+        q, k = self.feature_map(qkv[:, :2 * C].view(B, 2, H, 1, K)).squeeze(-2).unbind(1)  # [B, H, F] each
         log_g = F.logsigmoid(y[:, 3 * C:].to(compute_dtype(y))) if self.gated else None  # [B, H]
-        if key_padding_mask is not None:  # [B, 1]: a pad neither writes nor decays
-            pad = key_padding_mask.bool()
+        if pad is not None:
             k = k.masked_fill(pad[:, :, None], 0.0)
             log_g = None if log_g is None else log_g.masked_fill(pad, 0.0)
-        v = y[:, 2 * C:3 * C].view(B, H, K)
+        v = qkv[:, 2 * C:].view(B, H, K)
         out, state = recurrent_causal_rfa_step(q, k, v, log_g, state, eps=self.eps, convex=self.convex,
                                                inplace=not torch.is_grad_enabled())
-        return out.view(B, C), state
+        return out.view(B, C), state, past
 
     def forward(self, query: Tensor, key: Optional[Tensor] = None, value: Optional[Tensor] = None,
                 key_padding_mask: Optional[Tensor] = None, incremental_state: Optional[IncrementalState] = None,
@@ -150,14 +182,17 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         if incremental_state is None:
             return self.out_proj(merge_heads(self._tokens(query, key_padding_mask)[0])), None
         buffer = self._get_input_buffer(incremental_state)
-        state, parents = buffer.get("state"), buffer.pop("parents", None)  # parents: a reorder deferred
+        parents = buffer.pop("parents", None)  # a reorder deferred
         if parents is not None:
-            state = reorder_rows_(buffer, ["state"], parents)["state"]
+            reorder_rows_(buffer, self.state_names, parents)
+        state, past = buffer.get("state"), buffer.get("conv")
         if T == 1:  # a decoding step
-            out, state = self._step(query, key_padding_mask, state)
+            out, state, past = self._step(query, key_padding_mask, state, past)
         else:
-            out, state = self._tokens(query, key_padding_mask, state, True)
+            out, state, past = self._tokens(query, key_padding_mask, state, past, True)
         buffer["state"] = state
+        if past is not None:
+            buffer["conv"] = past
         self._set_input_buffer(incremental_state, buffer)
         return self.out_proj(out[None] if T == 1 else merge_heads(out)), None
 
@@ -173,10 +208,11 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         if deferrable(state):
             buffer["parents"] = new_order if pending is None else pending.index_select(0, new_order)
         else:
-            reorder_rows_(buffer, ["state"], new_order)
+            reorder_rows_(buffer, self.state_names, new_order)
         self._set_input_buffer(incremental_state, buffer)
         return incremental_state
 
     def extra_repr(self) -> str:
         gate = f"gate={'convex' if self.convex else 'decay'}" if self.gated else "gate=None"
-        return f"heads={self.num_heads}, {gate}, backend={self.backend}"
+        conv = f", short_conv={self.short_conv}" if self.conv is not None else ""
+        return f"heads={self.num_heads}, {gate}, backend={self.backend}{conv}"

@@ -225,3 +225,6 @@ def test_steps_under_autograd_run_eagerly_and_bad_models_are_refused(model_pair,
     _, adaptive = lm_model("--rfa-gate", "--adaptive-softmax-cutoff", "20,40")
     with pytest.raises(ValueError, match="adaptive_softmax is not compiled"):
         to_decoding_form_(adaptive.eval(), compiled_step=True)
+    _, conv = lm_model("--rfa-gate", "--rfa-short-conv", "4")
+    with pytest.raises(ValueError, match="--rfa-short-conv is not compiled"):
+        to_decoding_form_(conv.eval(), compiled_step=True)

@@ -36,7 +36,8 @@ def _rescore(model, task, sample, hypo_tokens, row):
 
 
 @pytest.mark.parametrize("extra", [pytest.param([], id="rfa"), pytest.param(["--rfa-gate"], id="rfa-gate"),
-                                   pytest.param(["--rfa-gate", "--cross-attention", "softmax"], id="gate-softmax-cross")])
+                                   pytest.param(["--rfa-gate", "--cross-attention", "softmax"], id="gate-softmax-cross"),
+                                   pytest.param(["--rfa-gate", "--rfa-short-conv", "3"], id="gate-conv")])
 def test_beam_hypotheses_rescored_by_full_forward(translation_model, extra):
     task, model = translation_model(*extra, rfa_flags="--cross-attention" not in extra)
     model.eval()
@@ -59,7 +60,8 @@ def test_beam_hypotheses_rescored_by_full_forward(translation_model, extra):
     assert len(lengths) > 1, "hypotheses of one length do not exercise finished-sentence removal"
 
 
-@pytest.mark.parametrize("extra", [pytest.param([], id="rfa"), pytest.param(["--rfa-gate"], id="rfa-gate")])
+@pytest.mark.parametrize("extra", [pytest.param([], id="rfa"), pytest.param(["--rfa-gate"], id="rfa-gate"),
+                                   pytest.param(["--rfa-short-conv", "4"], id="rfa-conv")])
 def test_lm_beam_hypotheses_rescored_by_full_forward(lm_model, extra):
     """Language-model beam search continues prompts: the generator tells the model its beam, so
     every reorder moves the state rows (with beam 1 a same-size reorder is the identity)."""

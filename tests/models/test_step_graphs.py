@@ -178,6 +178,7 @@ def test_cuda_graphs_flag_runs_eagerly_on_the_cpu(translation_model):
 
 @pytest.mark.parametrize("flags,error", [
     (["--decoder-attention", "softmax", "--cross-attention", "softmax"], "needs an RFA decoder"),
+    (["--rfa-short-conv", "4"], "--rfa-short-conv's last inputs"),
 ])
 def test_what_a_graph_cannot_replay_is_refused(translation_model, flags, error):
     _, model = translation_model(*flags, "--cuda-graphs", rfa_flags="--cross-attention" not in flags)

@@ -243,8 +243,9 @@ def test_causal_incremental_reorder_follows_new_order():
     torch.testing.assert_close(step, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("short_conv", [0, 3], ids=["", "conv"])
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
-def test_causal_reorders_over_many_steps_follow_the_histories(grad):
+def test_causal_reorders_over_many_steps_follow_the_histories(grad, short_conv):
     """Beam-search-like decoding: a reorder after every step (permutations with repeated rows,
     the identity, and finally a batch that shrinks). Each row's output must equal a from-scratch
     decode of the history that row now continues. Without autograd the reorder gathers into a
@@ -252,7 +253,7 @@ def test_causal_reorders_over_many_steps_follow_the_histories(grad):
     included (its state is gathered into the front of the buffer), and the buffer never aliases
     the live state."""
     torch.manual_seed(5)
-    attn = CausalRFAttention(C, H, fmap(), gate=True).eval()
+    attn = CausalRFAttention(C, H, fmap(), gate=True, short_conv=short_conv).eval()
     attn.set_beam_size(2)  # more than one hypothesis per sentence: any order may come
     N, steps = 4, 12
     x = torch.randn(steps, N, C)

@@ -176,7 +176,7 @@ def test_segments_equal_the_whole_sequence(gate, carry):
     state0 = torch.randn(2, H, Fd, C // H + 1, dtype=torch.float64).abs().requires_grad_() if carry else None
     results = []
     for attn in (whole, segmented):
-        out, final = attn._tokens(x, mask, state0, output_final_state=True)
+        out, final, _ = attn._tokens(x, mask, state0, output_final_state=True)
         loss = out.square().sum() + final.square().sum()
         inputs = [x] + ([state0] if carry else [])
         params = [p for name, p in attn.named_parameters() if not name.startswith("out_proj")]  # not used here
