@@ -29,6 +29,8 @@ VARIANTS = {  # (training task, flags[, what changes in the setting])
     "rfa_gate_burnin2_last8_nopos": (STATEFUL, GATE + ["--burn-in-blocks", "2", "--rfa-gate-bias-last", "8",
                                                        "--no-token-positional-embeddings"]),
     "rfa_gate_burnin2_last8": (STATEFUL, GATE + ["--burn-in-blocks", "2", "--rfa-gate-bias-last", "8"]),  # positions kept
+    "rfa_gate_burnin2_last8_nopos_conv4": (STATEFUL, GATE + ["--burn-in-blocks", "2", "--rfa-gate-bias-last", "8",  # and
+                                                             "--no-token-positional-embeddings", "--rfa-short-conv", "4"]),  # recall's
     # a full softmax output layer: models CTranslate2 converts (the softmax one), for bench/decode.py
     "softmax_plain": (LM, SOFTMAX, dict(cutoffs=None)),
     "rfa_gate_burnin_plain": (STATEFUL, GATE + ["--burn-in-blocks", "2"], dict(cutoffs=None)),

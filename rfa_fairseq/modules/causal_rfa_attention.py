@@ -214,5 +214,4 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
 
     def extra_repr(self) -> str:
         gate = f"gate={'convex' if self.convex else 'decay'}" if self.gated else "gate=None"
-        conv = f", short_conv={self.short_conv}" if self.conv is not None else ""
-        return f"heads={self.num_heads}, {gate}, backend={self.backend}{conv}"
+        return f"heads={self.num_heads}, {gate}, backend={self.backend}"
