@@ -18,6 +18,8 @@ SETTINGS = {f"L{length}_P{pairs}": dict(length=length, pairs=pairs, updates=upda
                                         rows=max(4, 8192 // length))  # 8,192 tokens an update
             for length, pairs, updates in ((64, 16, 1500), (256, 16, 3000), (256, 64, 3000), (1024, 16, 3000),
                                            (1024, 64, 3000), (1024, 256, 3000), (4096, 64, 3000), (4096, 256, 3000))}
+# the L64_P16 model (the same variant and seed) continued at 1,024 tokens and 64 pairs: what its state holds there
+SETTINGS["L1024_P64_from_L64"] = dict(SETTINGS["L1024_P64"], updates=1500, init="L64_P16")
 METRICS = [("test recall %", "test_recall", 1), ("best valid loss", "valid_loss", 3)]  # a setting chosen on valid loss
 RFA, PLUGIN = ["--arch", "rfa_transformer_lm"], ["--user-dir", "results/recall_lm"]
 VARIANTS = {"softmax": ["--arch", "transformer_lm"], "rfa": RFA, "rfa_gate": RFA + ["--rfa-gate"],
@@ -42,9 +44,10 @@ def examples(s, split: str):
 
 
 def prepare(a):
-    s, data = SETTINGS[a.setting], a.work / a.setting / "bin"
+    s = SETTINGS[a.setting]
+    data = a.work / f"L{s['length']}_P{s['pairs']}" / "bin"  # a setting's data: its length and pairs
     if not (data / "test.bin").exists():
-        text = a.work / a.setting / "text"
+        text = data.parent / "text"
         text.mkdir(parents=True, exist_ok=True)
         words = [f"k{i}" for i in range(KEYS)] + [f"v{i}" for i in range(VALUES)] + ["_"]  # all, whatever a split draws
         (text / "dict.txt").write_text("".join(f"{w} 1\n" for w in words))
@@ -52,13 +55,14 @@ def prepare(a):
             (text / f"{split}.txt").write_text("".join(" ".join(t) + "\n" for t in examples(s, split)))
         run([tool("fairseq-preprocess"), "--only-source", "--srcdict", text / "dict.txt", "--destdir", data,
              "--workers", "1", *[x for split in SPLITS for x in (f"--{split}pref", text / f"{split}.txt")]],
-            a.work / a.setting / "preprocess.log")
+            data.parent / "preprocess.log")
     return data
 
 
 def run_one(variant, s, seed, data, out, a) -> dict:
     every = s["updates"] // 10  # validate, and keep the best checkpoint on valid loss
-    record = train([data, *PLUGIN, "--task", "language_modeling",  # blocks of L + 1: a line and its </s>
+    init = [] if "init" not in s else ["--finetune-from-model", a.work / s["init"] / f"{variant}-seed{seed}/checkpoint_best.pt"]
+    record = train([data, *PLUGIN, *init, "--task", "language_modeling",  # blocks of L + 1: a line and its </s>
                     "--tokens-per-sample", s["length"] + 1, "--max-target-positions", s["length"] + 1, *VARIANTS[variant],
                     "--decoder-layers", 2, "--decoder-embed-dim", 128, "--decoder-ffn-embed-dim", 256,
                     "--decoder-attention-heads", 2, "--dropout", 0.0, "--criterion", "recall_answers",

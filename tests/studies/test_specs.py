@@ -292,7 +292,14 @@ def test_a_tiny_recall_run_scores_the_queries(tmp_path, monkeypatch):
                          "--out", str(out), "--cpu"])
     for r in runner.load(out):
         assert 0 <= r["test_recall"] <= 100 and r["valid_loss"] > 0 and r["best_update"] in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
-    assert (tmp_path / "tiny" / "bin" / "dict.txt").read_text().count("\n") == 2 * recall.KEYS + 1
+    assert (tmp_path / "L32_P4" / "bin" / "dict.txt").read_text().count("\n") == 2 * recall.KEYS + 1
+    # a setting with ``init`` continues that setting's model of the same variant and seed, on its own data
+    monkeypatch.setitem(recall.SETTINGS, "longer", dict(recall.SETTINGS["tiny"], length=48, pairs=6, init="tiny"))
+    recall.main(recall, ["--setting", "longer", "--variants", "rfa_gate_last8", "--work", str(tmp_path), "--out", str(out),
+                         "--cpu"])
+    start = tmp_path / "tiny" / "rfa_gate_last8-seed1" / "checkpoint_best.pt"
+    assert f"loading pretrained model from {start}" in (tmp_path / "longer" / "rfa_gate_last8-seed1" / "train.log").read_text()
+    assert [r["setting"] for r in runner.load(out)].count("longer") == 1 and (tmp_path / "L48_P6" / "bin").is_dir()
 
 
 @pytest.mark.slow
