@@ -43,7 +43,8 @@ MODELS = {
                     "rfa_gate_graphs": RFA_MT + ["--rfa-gate", "--cuda-graphs"],
                     "rfa_gate_softcross_graphs": MT + ["--rfa-gate", "--cuda-graphs"]},
     "lm": {"softmax": ["--arch", "transformer_lm"] + BASE, "rfa": LM + BASE, "rfa_gate": LM + ["--rfa-gate"] + BASE,
-           "rfa_gate_graphs": LM + ["--rfa-gate", "--cuda-graphs"] + BASE},
+           "rfa_gate_graphs": LM + ["--rfa-gate", "--cuda-graphs"] + BASE,
+           "rfa_gate_conv4": LM + ["--rfa-gate", "--rfa-short-conv", "4"] + BASE},
 }
 DEFAULTS = {"translation": dict(lengths=[32, 128, 512, 2048, 4096], batch=2, beam=4),
             "lm": dict(lengths=[128, 512, 2048, 8192], batch=1, beam=1)}

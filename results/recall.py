@@ -18,14 +18,12 @@ SETTINGS = {f"L{length}_P{pairs}": dict(length=length, pairs=pairs, updates=upda
                                         rows=max(4, 8192 // length))  # 8,192 tokens an update
             for length, pairs, updates in ((64, 16, 1500), (256, 16, 3000), (256, 64, 3000), (1024, 16, 3000),
                                            (1024, 64, 3000), (1024, 256, 3000), (4096, 64, 3000), (4096, 256, 3000))}
-# the L64_P16 model (the same variant and seed) continued at 1,024 tokens and 64 pairs: what its state holds there
-SETTINGS["L1024_P64_from_L64"] = dict(SETTINGS["L1024_P64"], updates=1500, init="L64_P16")
+# the L64_P16 model (the same variant and seed) continued at 1,024 tokens and 64 or 256 pairs: what its state holds
+SETTINGS.update({f"L1024_P{p}_from_L64": dict(SETTINGS[f"L1024_P{p}"], updates=1500, init="L64_P16") for p in (64, 256)})
 METRICS = [("test recall %", "test_recall", 1), ("best valid loss", "valid_loss", 3)]  # a setting chosen on valid loss
 RFA, PLUGIN = ["--arch", "rfa_transformer_lm"], ["--user-dir", "results/recall_lm"]
 VARIANTS = {"softmax": ["--arch", "transformer_lm"], "rfa": RFA, "rfa_gate": RFA + ["--rfa-gate"],
             "rfa_gate_last8": RFA + ["--rfa-gate", "--rfa-gate-bias-last", 8],  # the heads' gate biases 2 to 8
-            "rfa_gate_sigma2.5": RFA + ["--rfa-gate", "--rfa-init-sigma", 2.5],  # a sharper kernel: exp(6.25 q.k)
-            "rfa_gate_sigma2.5_fixed": RFA + ["--rfa-gate", "--rfa-init-sigma", 2.5, "--rfa-fixed-features"],  # drawn once
             "rfa_conv4": RFA + ["--rfa-short-conv", 4], "rfa_gate_conv4": RFA + ["--rfa-gate", "--rfa-short-conv", 4]}
 
 

@@ -155,8 +155,12 @@ class CausalRFAttention(BeamLayout, RFAttentionBase):
         B, C, H, K = x.size(1), self.embed_dim, self.num_heads, self.head_dim
         pad = None if key_padding_mask is None else key_padding_mask.bool()  # [B, 1]: a pad neither writes nor decays
         y = self.in_proj(x[0])  # [B, 3C (+ H)]
-        qkv, past = (y[:, :3 * C], None) if self.conv is None else self._convolve(y[None, :, :3 * C], pad, past)
-        qkv = qkv.view(B, 3 * C)
+        qkv = y[:, :3 * C] if pad is None or self.conv is None else y[:, :3 * C].masked_fill(pad, 0.0)
+        if self.conv is not None:  # :meth:`_convolve` of one token in fewer operators: its last W inputs at once
+            past = qkv.new_zeros(B, self.short_conv - 1, 3 * C) if past is None else past
+            inputs = torch.cat([past, qkv[:, None]], 1)  # [B, W, 3C]
+            qkv = (inputs * self.conv.weight[:, 0].t()).sum(1) + self.conv.bias
+            past = inputs[:, 1:] if pad is None else torch.where(pad[:, :, None], past, inputs[:, 1:])
         q, k = self.feature_map(qkv[:, :2 * C].view(B, 2, H, 1, K)).squeeze(-2).unbind(1)  # [B, H, F] each
         log_g = F.logsigmoid(y[:, 3 * C:].to(compute_dtype(y))) if self.gated else None  # [B, H]
         if pad is not None:
