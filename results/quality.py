@@ -22,8 +22,6 @@ SETTINGS = {"screen": SCREEN, "final": dict(layers=3, dim=256, ffn=1024, heads=4
 PLUGIN = ["--user-dir", "rfa_fairseq", "--arch", "rfa_transformer_iwslt_de_en"]
 RFA = PLUGIN + ["--cross-attention", "rfa"]  # the paper's model: RFA cross attention too
 GATE, PAPER_GATE = RFA + ["--rfa-gate"], RFA + ["--rfa-gate", "--rfa-gate-bias", "0"]  # the paper's gate
-RETIRED = {"rfa_authors_floor": "--rfa-eps 1.56 --rfa-cross-abs-denominator (flag removed: no gain)",
-           "rfa_norm_rescale": "--rfa-cross-norm-rescale (flag removed: no gain)"}
 VARIANTS = {
     "softmax": ["--user-dir", "rfa_fairseq", "--arch", "transformer_iwslt_de_en"],
     "rfa": RFA, "rfa_gate": PAPER_GATE,
